@@ -1,0 +1,397 @@
+"""How fast is this RemBERT, against transformers' and against the machine? (issue 6)
+
+`model` times the three steps a user pays for, each against transformers' RemBERT built from the
+same config and the SAME weights (exported with `model.save_hf`, loaded with `from_pretrained`):
+  pretrain  masked-LM step (forward, backward, AdamW): ours gathers the masked positions before the
+            output layer (Section 5's E_out -> vocab matrix, the largest of the model); HF's
+            RemBertForMaskedLM computes logits at every position and ignores the unmasked ones
+            (labels = -100), which is the one difference in work between the two;
+  finetune  sentence-classification step: SequenceClassifier vs RemBertForSequenceClassification;
+  infer     encoder forward without gradients: Encoder vs RemBertModel.
+Steps alternate ours/HF (A B A B ...), so the per-pair ratio survives a noisy machine; the table shows
+the median ratio and its spread. Before timing, both sides compute the loss of one batch with
+dropout off and must agree. MFU is model FLOP/s (`train_flops_per_token`) over the machine's peak:
+on CPU a float32 2048x2048 matmul timed in the same run, on CUDA the device's dense bf16 peak.
+
+Commands (each prints a table and one JSON line per figure):
+  python benchmark.py model --config small --batch-size 16 --seq-len 128            # CPU
+  python benchmark.py model --config ein128-eout768 --batch-size 8 --seq-len 128     # base-like
+  python benchmark.py model --config tiny --set num_layers=4 dropout=0.0 --phases pretrain
+  python benchmark.py model --config small --device cuda --batch-size 64             # one GPU, bf16
+(No torchrun or TPU variant: this measures one device.)
+"""
+
+import argparse
+import json
+import math
+import multiprocessing
+import platform
+import statistics
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import fields, replace
+
+import torch
+import torch.nn.functional as F
+
+from configs import CONFIGS
+from model import Encoder, MaskedLM, ModelConfig, SequenceClassifier, save_hf
+
+PHASES = ("pretrain", "finetune", "infer")
+NUM_LABELS = 3  # XNLI's
+# Dense (no sparsity) bf16 tensor-core peak from the vendors' data sheets, by device-name substring.
+GPU_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOPs, written out: a multiply-add is 2 FLOPs; backward costs twice the forward.
+
+def forward_flops_per_token(config, seq_len, predictions_per_seq, phase):
+    """Forward matmul FLOPs per input token. Embeddings are lookups (no FLOPs). Every token passes
+    the E_in -> H projection and every layer (pre-training-only ones included when pre-training);
+    a layer is 4 H x H matrices (q, k, v, out) + 2 H x I (feed-forward), and attention adds
+    q.k^T and probs.v, 2 * T * H multiply-adds per token. The MLM head (H -> E_out -> vocab) runs
+    only at `predictions_per_seq` of the `seq_len` positions; a classifier only at [CLS]."""
+    H, I, T = config.hidden_size, config.intermediate_size, seq_len
+    projection = 2 * config.input_embedding_size * H if config.input_embedding_size != H else 0
+    layer = 2 * (4 * H * H + 2 * H * I) + 2 * (2 * T * H)
+    layers = config.num_layers + (config.pretraining_only_layers if phase == "pretrain" else 0)
+    flops = projection + layers * layer
+    if phase == "pretrain":
+        V, E_out = config.vocab_size, config.output_embedding_size
+        flops += predictions_per_seq / T * 2 * (H * E_out + E_out * V)
+    elif phase == "finetune":
+        flops += 2 * (H * H + H * NUM_LABELS) / T  # pooler + classifier at one position per sequence
+    return flops
+
+
+def step_flops_per_token(config, seq_len, predictions_per_seq, phase):
+    """Training: 6 N + 12 L T H per token (forward + 2x backward); inference: 2 N + 4 L T H."""
+    return forward_flops_per_token(config, seq_len, predictions_per_seq, phase) * (1 if phase == "infer" else 3)
+
+
+def cpu_matmul_peak(threads, size=2048, repeats=10):
+    """The best FLOP/s of a float32 size x size matmul on `threads` threads: the roof for MFU."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    out = torch.empty(size, size)
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best
+
+
+def device_peak(device, threads):
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        peak = next((v for k, v in GPU_BF16_PEAK.items() if k in name), None)
+        if peak is None:
+            raise ValueError(f"no bf16 peak known for {name!r}; add it to GPU_BF16_PEAK")
+        return peak, f"{name} bf16 dense (data sheet)"
+    return cpu_matmul_peak(threads), f"fp32 2048x2048 matmul, {threads} threads (measured)"
+
+
+# ----------------------------------------------------------------------------------------------
+# One batch and one step per (phase, implementation)
+
+def make_batch(config, batch_size, seq_len, predictions_per_seq, generator):
+    """BERT-style masked-LM batch: round(15%) of the non-special positions masked, padded to
+    `predictions_per_seq` slots with weight 0; plus HF's form of the same targets (-100 elsewhere)."""
+    B, T, P = batch_size, seq_len, predictions_per_seq
+    num_masked = min(P, max(1, round(0.15 * (T - 2))))
+    input_ids = torch.randint(5, config.vocab_size, (B, T), generator=generator)
+    positions = torch.zeros(B, P, dtype=torch.long)
+    weights = torch.zeros(B, P)
+    for b in range(B):  # positions 1 .. T-2: [CLS] and [SEP] are never masked
+        positions[b, :num_masked] = (torch.randperm(T - 2, generator=generator)[:num_masked] + 1).sort().values
+        weights[b, :num_masked] = 1.0
+    masked_ids = torch.gather(input_ids, 1, positions) * weights.long()
+    input_ids.scatter_(1, positions[:, :num_masked], 4)  # 4: a [MASK] id
+    labels = torch.full((B, T), -100)
+    labels.scatter_(1, positions[:, :num_masked], masked_ids[:, :num_masked])
+    return {
+        "input_ids": input_ids, "token_type_ids": torch.zeros(B, T, dtype=torch.long),
+        "attention_mask": torch.ones(B, T, dtype=torch.long), "masked_positions": positions,
+        "masked_ids": masked_ids, "masked_weights": weights, "mlm_labels": labels,
+        "class_labels": torch.randint(0, NUM_LABELS, (B,), generator=generator),
+    }
+
+
+def loss_fn(phase, impl, model, batch):
+    """The phase's loss (or, for inference, the encoder output) from one implementation."""
+    inputs = {k: batch[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    if phase == "pretrain" and impl == "ours":
+        return model(**inputs, masked_positions=batch["masked_positions"], masked_ids=batch["masked_ids"],
+                     masked_weights=batch["masked_weights"])[1]
+    if phase == "pretrain":
+        return model(**inputs, labels=batch["mlm_labels"]).loss
+    if phase == "finetune" and impl == "ours":
+        return model(**inputs, labels=batch["class_labels"])[1]
+    if phase == "finetune":
+        return model(**inputs, labels=batch["class_labels"]).loss
+    return model(**inputs) if impl == "ours" else model(**inputs).last_hidden_state
+
+
+def hf_class(phase):
+    from transformers import RemBertForMaskedLM, RemBertForSequenceClassification, RemBertModel
+    return {"pretrain": RemBertForMaskedLM, "finetune": RemBertForSequenceClassification,
+            "infer": RemBertModel}[phase]
+
+
+def build_ours(phase, config):
+    if phase == "pretrain":
+        model = MaskedLM(config)
+        model.encoder.pooler.requires_grad_(False)  # no NSP: the pooler gets no gradient (as in pretrain.py)
+        return model
+    if phase == "finetune":
+        return SequenceClassifier(Encoder(config), NUM_LABELS)
+    return Encoder(config)
+
+
+def load_hf(phase, weights_dir):
+    return hf_class(phase).from_pretrained(weights_dir, attn_implementation="eager", dtype=torch.float32)
+
+
+class Runner:
+    """A model with its step (forward, backward, AdamW) or, for inference, its no-grad forward."""
+
+    def __init__(self, phase, impl, model, batch, device, adamw):
+        self.phase, self.impl, self.device = phase, impl, device
+        self.model = model.to(device)
+        self.batch = {k: v.to(device) for k, v in batch.items()}
+        self.optimizer = None
+        if phase != "infer":
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            self.optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01,
+                                               fused=adamw == "fused", foreach=adamw == "foreach")
+
+    def autocast(self):
+        return torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda")
+
+    def step(self):
+        if self.phase == "infer":
+            self.model.eval()
+            with torch.inference_mode(), self.autocast():
+                loss_fn(self.phase, self.impl, self.model, self.batch)
+        else:
+            self.model.train()
+            with self.autocast():
+                loss = loss_fn(self.phase, self.impl, self.model, self.batch)
+            loss.backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def timed_step(self):
+        start = time.perf_counter()
+        self.step()
+        return time.perf_counter() - start
+
+    def check_output(self):
+        self.model.eval()
+        with torch.no_grad():
+            return loss_fn(self.phase, self.impl, self.model, self.batch).float().cpu()
+
+
+def peak_rss_in_fresh_process(phase, impl, config, batch_size, seq_len, predictions_per_seq,
+                              weights_dir, adamw, threads, steps=2):
+    """CPU peak memory of one side alone: a spawned process builds it, runs `steps` steps and
+    returns its peak RSS and that of its start (Python + torch + transformers). VmHWM, not
+    ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec."""
+    torch.set_num_threads(threads)
+    quiet_transformers()
+    baseline = _peak_rss()
+    batch = make_batch(config, batch_size, seq_len, predictions_per_seq, torch.Generator().manual_seed(0))
+    model = build_ours(phase, config) if impl == "ours" else load_hf(phase, weights_dir)
+    runner = Runner(phase, impl, model, batch, torch.device("cpu"), adamw)
+    for _ in range(steps):
+        runner.step()
+    return _peak_rss(), baseline
+
+
+def _peak_rss():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
+
+def quiet_transformers():
+    import transformers
+    transformers.logging.set_verbosity_error()  # no load report for the pooler MLM leaves out
+    transformers.logging.disable_progress_bar()
+
+
+# ----------------------------------------------------------------------------------------------
+# `model`: ours vs transformers, interleaved
+
+def parse_overrides(pairs):
+    """["hidden_size=768", ...] -> {"hidden_size": 768}, checked against ModelConfig's fields."""
+    types = {f.name: f.type for f in fields(ModelConfig)}
+    overrides = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or key not in types:
+            raise SystemExit(f"--set {pair!r}: expected key=value with key one of {sorted(types)}")
+        kind = types[key]
+        if kind is bool:
+            if value not in ("true", "false"):
+                raise SystemExit(f"--set {pair!r}: {key} takes true or false")
+            overrides[key] = value == "true"
+        else:
+            try:
+                overrides[key] = kind(value)
+            except ValueError:
+                raise SystemExit(f"--set {pair!r}: {key} takes a {kind.__name__}") from None
+    return overrides
+
+
+def emit(**figure):
+    print(json.dumps(figure), flush=True)
+
+
+def bench_phase(phase, config, args, device, weights_root, peak):
+    P = args.predictions_per_seq
+    batch = make_batch(config, args.batch_size, args.seq_len, P, torch.Generator().manual_seed(0))
+    weights_dir = f"{weights_root}/{phase}"
+    ours = Runner(phase, "ours", build_ours(phase, config), batch, device, args.adamw)
+    save_hf(ours.model, weights_dir)  # the same weights on both sides
+    hf = Runner(phase, "hf", load_hf(phase, weights_dir), batch, device, args.adamw)
+
+    # Equal work check: the same weights give the same loss (hidden states for inference).
+    a, b = ours.check_output(), hf.check_output()
+    max_diff = (a - b).abs().max().item()
+    tolerance = 1e-4 * max(1.0, a.abs().max().item()) if device.type == "cpu" else 5e-2
+    if max_diff > tolerance:
+        raise SystemExit(f"{phase}: ours and transformers disagree on the same batch (max |diff| {max_diff:.2e})")
+
+    for _ in range(args.warmup):
+        ours.step()
+        hf.step()
+    times = {"ours": [], "hf": []}
+    for _ in range(args.steps):  # A B A B: each pair sees the same machine load
+        times["ours"].append(ours.timed_step())
+        times["hf"].append(hf.timed_step())
+    ratios = sorted(h / o for o, h in zip(times["ours"], times["hf"]))
+    del ours, hf
+
+    tokens = args.batch_size * args.seq_len
+    flops = {"ours": step_flops_per_token(config, args.seq_len, P, phase),
+             # what HF executes: the MLM head at every position
+             "hf": step_flops_per_token(config, args.seq_len, args.seq_len if phase == "pretrain" else P, phase)}
+    result = {"phase": phase, "output_check_max_diff": max_diff}
+    for impl in ("ours", "hf"):
+        seconds = statistics.median(times[impl])
+        result[impl] = {
+            "tokens_per_s": tokens / seconds, "step_s": seconds,
+            # MFU counts the model's FLOPs (ours), whoever runs them: HF's extra head work is waste.
+            "mfu": flops["ours"] * tokens / seconds / peak,
+            "executed_flops_per_token": flops[impl],
+        }
+    result["ratio_median"] = statistics.median(ratios)
+    result["ratio_min"], result["ratio_max"] = ratios[0], ratios[-1]
+
+    for impl in ("ours", "hf"):
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+            model = build_ours(phase, config) if impl == "ours" else load_hf(phase, weights_dir)
+            runner = Runner(phase, impl, model, batch, device, args.adamw)
+            runner.step()
+            runner.step()
+            result[impl]["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
+            del runner, model
+        else:
+            with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+                rss, baseline = pool.submit(peak_rss_in_fresh_process, phase, impl, config, args.batch_size,
+                                            args.seq_len, P, weights_dir, args.adamw, args.threads).result()
+            result[impl]["peak_memory_bytes"] = rss
+            result[impl]["process_baseline_bytes"] = baseline
+    return result
+
+
+def cmd_model(args):
+    config = replace(CONFIGS[args.config], **parse_overrides(args.set))
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    import transformers
+    quiet_transformers()
+    peak, peak_source = device_peak(device, args.threads)
+    header = {"config": args.config, "overrides": args.set, "batch_size": args.batch_size,
+              "seq_len": args.seq_len, "predictions_per_seq": args.predictions_per_seq,
+              "device": str(device), "threads": args.threads, "adamw": args.adamw,
+              "torch": torch.__version__, "transformers": transformers.__version__,
+              "machine": platform.processor() or platform.machine()}
+    print(f"# {json.dumps(header)}")
+    print(f"# peak {peak / 1e9:.1f} GFLOP/s ({peak_source}); load average before: {_load()}")
+    emit(figure="peak_flops", value=peak, source=peak_source, **header)
+    results = []
+    with tempfile.TemporaryDirectory() as weights_root:
+        for phase in args.phases:
+            r = bench_phase(phase, config, args, device, weights_root, peak)
+            results.append(r)
+            for impl in ("ours", "hf"):
+                for key in ("tokens_per_s", "mfu", "peak_memory_bytes"):
+                    emit(figure=key, phase=phase, impl=impl, value=r[impl][key], **header)
+            emit(figure="ratio_tokens_per_s", phase=phase, value=r["ratio_median"],
+                 min=r["ratio_min"], max=r["ratio_max"], steps=args.steps, **header)
+            emit(figure="output_check_max_diff", phase=phase, value=r["output_check_max_diff"], **header)
+    if device.type == "cpu":
+        peak_after = cpu_matmul_peak(args.threads)
+        print(f"# peak again after the run: {peak_after / 1e9:.1f} GFLOP/s; load average after: {_load()}")
+
+    print(f"\n{'phase':<9} {'impl':<5} {'tokens/s':>9} {'step s':>7} {'MFU':>6} {'peak mem':>9} "
+          f"{'GFLOP/tok':>9}  ratio ours/HF (median [min, max])")
+    for r in results:
+        for impl in ("ours", "hf"):
+            x = r[impl]
+            ratio = (f"{r['ratio_median']:.2f}x [{r['ratio_min']:.2f}, {r['ratio_max']:.2f}]"
+                     if impl == "ours" else "")
+            print(f"{r['phase']:<9} {impl:<5} {x['tokens_per_s']:>9.0f} {x['step_s']:>7.3f} {x['mfu']:>6.1%} "
+                  f"{x['peak_memory_bytes'] / 2**20:>7.0f}Mi {x['executed_flops_per_token'] / 1e9:>9.3f}  {ratio}")
+    if "pretrain" in args.phases:
+        print(f"\nHF's MLM head runs at all {args.seq_len} positions, ours at the {args.predictions_per_seq} "
+              f"masked slots: HF executes "
+              f"{step_flops_per_token(config, args.seq_len, args.seq_len, 'pretrain') / step_flops_per_token(config, args.seq_len, args.predictions_per_seq, 'pretrain'):.2f}x "
+              f"the FLOPs per pre-training step. MFU counts only the model's FLOPs (ours) for both.")
+    if device.type == "cpu":
+        print("peak mem: peak RSS of a fresh process running that side alone (includes ~"
+              f"{results[0]['ours']['process_baseline_bytes'] / 2**20:.0f}Mi of Python + torch).")
+
+
+def _load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    m = sub.add_parser("model", help="training/inference step of ours vs transformers' RemBERT, and MFU")
+    m.add_argument("--config", default="small", choices=sorted(CONFIGS), help="a configs.CONFIGS name")
+    m.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="ModelConfig overrides, e.g. --set vocab_size=120000 dropout=0.0")
+    m.add_argument("--phases", nargs="+", default=list(PHASES), choices=PHASES, help="which steps to time")
+    m.add_argument("--batch-size", type=int, default=16, help="sequences per step")
+    m.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    m.add_argument("--predictions-per-seq", type=int, default=None,
+                   help="masked-LM slots per sequence (default ceil(0.15 * seq_len): BERT's 20 for 128)")
+    m.add_argument("--steps", type=int, default=7, help="timed steps per side (interleaved)")
+    m.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
+    m.add_argument("--adamw", default="fused", choices=("fused", "foreach", "for-loop"),
+                   help="AdamW implementation, the same for both sides")
+    m.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
+    m.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda runs bf16 autocast")
+    m.set_defaults(run=cmd_model)
+    args = parser.parse_args()
+    if args.command == "model" and args.predictions_per_seq is None:
+        args.predictions_per_seq = math.ceil(0.15 * args.seq_len)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()
