@@ -73,11 +73,21 @@ class ModelConfig:
 # ----------------------------------------------------------------------------------------------
 # Transformer layer (post-LayerNorm, as BERT and RemBERT)
 
+class Dropout(nn.Dropout):
+    """nn.Dropout, with the mask drawn by rand_like on CPU: there the bernoulli_ draw of F.dropout
+    takes twice as long, ~10% of a small training step (benchmark.py). Elsewhere F.dropout is fused."""
+
+    def forward(self, x):
+        if not self.training or self.p == 0.0 or x.device.type != "cpu":
+            return super().forward(x)
+        return x * ((torch.rand_like(x) >= self.p) / (1.0 - self.p))
+
+
 class SelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.num_heads = config.num_heads
-        self.dropout = config.dropout
+        self.dropout = Dropout(config.dropout)  # of the attention probabilities
         # One matmul for queries, keys and values; from_hf/save_hf split it into HF's three.
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
@@ -86,8 +96,14 @@ class SelfAttention(nn.Module):
         B, T, H = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, H // self.num_heads).permute(2, 0, 3, 1, 4)
         # q, k, v: (B, heads, T, head_dim)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
-                                           dropout_p=self.dropout if self.training else 0.0)
+        if self.training and self.dropout.p > 0 and x.device.type == "cpu":
+            # On CPU, SDPA drops attention probabilities only in its unfused path and with the slow
+            # bernoulli_ draw; spelled out with `Dropout`, a training step is ~8% faster.
+            scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, heads, T, T)
+            y = self.dropout((scores if mask is None else scores + mask).softmax(-1)) @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
+                                               dropout_p=self.dropout.p if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, H))
 
 
@@ -99,7 +115,7 @@ class Layer(nn.Module):
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, x, mask):
         x = self.attention_norm(x + self.dropout(self.attention(x, mask)))
@@ -125,7 +141,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, input_ids, token_type_ids):
         T = input_ids.shape[1]
@@ -250,7 +266,7 @@ class SequenceClassifier(nn.Module):
     def __init__(self, encoder, num_labels, dropout=0.1):
         super().__init__()
         self.encoder = encoder
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
         init_weights(self.classifier)
 
@@ -266,7 +282,7 @@ class TokenClassifier(nn.Module):
     def __init__(self, encoder, num_labels, dropout=0.1):
         super().__init__()
         self.encoder = encoder
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
         init_weights(self.classifier)
 
