@@ -1,17 +1,130 @@
-"""Masked-LM pre-training of RemBERT (the paper's Sections 3-7; optimisation as Table 14).
+"""Masked-LM pre-training of RemBERT: the paper's recipe for every model it compares (Sections 3-7),
+with the optimisation of Table 14 (AdamW β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01, gradient
+clipping at norm 1, linear warm-up then linear decay), on CPU, CUDA GPUs or TPUs (torch-xla).
 
-Work in progress: this commit provides the pieces finetune.py shares (the device block, the
-optimizer, the learning-rate schedule, loading a pre-trained encoder); the training loop follows.
+`python pretrain.py` with no arguments is a complete small run: it trains a SentencePiece tokenizer
+on the bundled multilingual sample corpus (sample_data/) if there is none yet, then pre-trains the
+`tiny` config on it for a few hundred steps (a few minutes on 2 CPU cores), logging loss, masked-LM
+accuracy, learning rate, tokens/s and time left, and writes checkpoints to out/pretrain/.
+
+Any config of configs.py by name, any ModelConfig field and any training option (TrainConfig below)
+as --key=value; `python pretrain.py --help` lists them all. Commands:
+
+  CPU:        python pretrain.py
+  one GPU:    python pretrain.py --config=rembert --device=cuda --data=corpus/ \
+                  --tokenizer=spm.model --batch_size=32 --grad_accum=64 --lr=2e-4 --steps=1760000
+  8 GPUs:     torchrun --standalone --nproc_per_node=8 pretrain.py --config=rembert --device=cuda \
+                  --data=corpus/ --tokenizer=spm.model --batch_size=32 --grad_accum=8 --lr=2e-4
+  TPU VM:     PJRT_DEVICE=TPU python pretrain.py --config=rembert --device=xla --data=corpus/ \
+                  --tokenizer=spm.model --batch_size=64 --lr=2e-4     (one process per chip)
+  continue:   the same command with --resume (from the newest checkpoint in --out_dir)
+
+The global batch is batch_size x grad_accum x processes sequences (Table 14's RemBERT: 2048 of
+512 tokens for 1.76M steps at lr 2e-4; the defaults here are for the tiny CPU run).
 """
 
+import argparse
 import contextlib
+import dataclasses
+import difflib
+import glob
+import itertools
+import math
 import os
-from dataclasses import dataclass
+import pickle
+import re
+import time
+from dataclasses import asdict, dataclass, field, fields
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
-from model import Encoder, MaskedLM, ModelConfig
+from configs import CONFIGS
+from data import MLMLoader, Tokenizer, train_tokenizer
+from model import MaskedLM, ModelConfig, count_parameters
+
+
+@dataclass
+class TrainConfig:
+    data: str = field(default="sample_data", metadata={"help": "a text file or a directory of *.txt files, "
+                                                               "one sentence or document per line"})
+    tokenizer: str = field(default="out/tokenizer/spm.model", metadata={
+        "help": "SentencePiece model; trained on --data with the config's vocab_size if missing"})
+    out_dir: str = field(default="out/pretrain", metadata={"help": "where checkpoints go"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
+    seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
+    max_predictions: int = field(default=20, metadata={"help": "masked positions per sequence (15%% of seq_len)"})
+    batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch per process"})
+    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    steps: int = field(default=300, metadata={"help": "optimizer steps in total"})
+    warmup: int = field(default=30, metadata={"help": "linear warm-up steps"})
+    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (not on biases, LayerNorm)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this"})
+    log_every: int = field(default=10, metadata={"help": "steps between log lines (and loss checks)"})
+    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
+    keep: int = field(default=3, metadata={"help": "checkpoints kept (the newest)"})
+    seed: int = field(default=0, metadata={"help": "seed for initialisation, masking and dropout"})
+    resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint in --out_dir"})
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: --config NAME, then --field=value for any ModelConfig or TrainConfig field
+
+def _parse_bool(text):
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _add_field(group, f, default, help):
+    parse = _parse_bool if f.type is bool else f.type
+    extra = {"nargs": "?", "const": True} if f.type is bool else {}  # --resume alone means true
+    group.add_argument(f"--{f.name}", type=parse, default=default, help=help, metavar=f.type.__name__.upper(),
+                       **extra)
+
+
+def parse_args(argv=None):
+    """-> (config name, ModelConfig, TrainConfig). Unknown keys and bad values exit with a message."""
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # no prefixes: a mistyped key must fail
+    parser.add_argument("--config", default="tiny", choices=sorted(CONFIGS), metavar="NAME",
+                        help=f"model config from configs.py (default: tiny): {', '.join(CONFIGS)}")
+    group = parser.add_argument_group("model (ModelConfig fields; default: the --config's value)")
+    for f in fields(ModelConfig):
+        _add_field(group, f, None, f"ModelConfig.{f.name}")
+    group = parser.add_argument_group("training (TrainConfig fields)")
+    for f in fields(TrainConfig):
+        _add_field(group, f, f.default, f"{f.metadata['help']} (default: {f.default})")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        key = unknown[0].split("=")[0]
+        known = [f"--{f.name}" for f in fields(ModelConfig) + fields(TrainConfig)] + ["--config"]
+        close = difflib.get_close_matches(key, known, n=1)
+        parser.error(f"unknown option {key}" + (f"; did you mean {close[0]}?" if close else
+                                                  " (see --help for the ModelConfig and TrainConfig fields)"))
+    model_changes = {f.name: getattr(args, f.name) for f in fields(ModelConfig) if getattr(args, f.name) is not None}
+    try:
+        model_config = dataclasses.replace(CONFIGS[args.config], **model_changes)
+    except ValueError as e:  # ModelConfig.__post_init__ says which field and why
+        parser.error(str(e))
+    train_config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
+    problems = [f"--{name} must be positive" for name in
+                ("seq_len", "max_predictions", "batch_size", "grad_accum", "steps", "log_every",
+                 "checkpoint_every", "keep") if getattr(train_config, name) < 1]
+    if train_config.device not in ("auto", "cpu", "cuda", "xla"):
+        problems.append(f"--device must be auto, cpu, cuda or xla, got {train_config.device!r}")
+    if train_config.warmup >= train_config.steps:
+        problems.append(f"--warmup ({train_config.warmup}) must be below --steps ({train_config.steps})")
+    if train_config.seq_len > model_config.max_position_embeddings:
+        problems.append(f"--seq_len {train_config.seq_len} exceeds max_position_embeddings "
+                        f"{model_config.max_position_embeddings}")
+    if problems:
+        parser.error("; ".join(problems))
+    return args.config, model_config, train_config
 
 
 # ----------------------------------------------------------------------------------------------
@@ -62,6 +175,9 @@ class Runtime:
         if max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
         optimizer.step()
+        if self.kind == "xla":
+            import torch_xla
+            torch_xla.sync()  # cut the lazy graph here, so every step compiles to the same graph
 
     def all_reduce_sum(self, tensor):
         """Sum over processes (a device op: no host sync)."""
@@ -72,6 +188,49 @@ class Runtime:
             return xm.all_reduce(xm.REDUCE_SUM, tensor)
         dist.all_reduce(tensor)
         return tensor
+
+    def barrier(self):
+        if self.world_size == 1:
+            return
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+            xm.rendezvous("barrier")
+        else:
+            dist.barrier()
+
+    def gather_object(self, obj):
+        """[obj of rank 0, obj of rank 1, ...] on every process (for per-rank resume state)."""
+        if self.world_size == 1:
+            return [obj]
+        if self.kind != "xla":
+            gathered = [None] * self.world_size
+            dist.all_gather_object(gathered, obj)
+            return gathered
+        import torch_xla.core.xla_model as xm
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        sizes = xm.all_gather(torch.tensor([len(data)], device=self.device)).cpu()
+        padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
+        padded[:len(data)] = data
+        gathered = xm.all_gather(padded.to(self.device)).cpu().view(self.world_size, -1)
+        return [pickle.loads(bytes(row[:n])) for row, n in zip(gathered, sizes.tolist())]
+
+    def rng_state(self):
+        """Every generator the step draws from (dropout), for exact resume."""
+        state = {"torch": torch.get_rng_state()}
+        if self.kind == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+            state["xla"] = xm.get_rng_state(self.device)
+        return state
+
+    def set_rng_state(self, state):
+        torch.set_rng_state(state["torch"])
+        if self.kind == "cuda":
+            torch.cuda.set_rng_state(state["cuda"], self.device)
+        if self.kind == "xla":
+            import torch_xla.core.xla_model as xm
+            xm.set_rng_state(state["xla"], self.device)
 
     def save(self, obj, path):
         """Write atomically from the main process: a temporary file, flushed, then renamed, so a
@@ -88,14 +247,20 @@ class Runtime:
             os.replace(tmp, path)
 
 
+def resolve_device(device):
+    """auto -> cuda if torch sees a GPU, else xla if PJRT_DEVICE is set (TPU VM), else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
+    if device not in ("cpu", "cuda", "xla"):
+        raise ValueError(f"device must be auto, cpu, cuda or xla, got {device!r}")
+    return device
+
+
 def setup_runtime(device="auto"):
     """The one device block. `device`: auto | cpu | cuda | xla. Data parallelism comes from the
     launcher: torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nccl on GPUs, gloo on CPU), or on XLA
     torch_xla.launch's processes (PJRT), one per core or chip."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
-    if device not in ("cpu", "cuda", "xla"):
-        raise ValueError(f"device must be auto, cpu, cuda or xla, got {device!r}")
+    device = resolve_device(device)
     if device == "xla":
         import torch_xla
         import torch_xla.runtime as xr
@@ -150,3 +315,188 @@ def load_pretrained_encoder(path):
     print(f"{path}: kept the encoder ({kept:,} parameters); dropped {total - kept:,} "
           f"({model.config.pretraining_only_layers} pre-training-only layers + the MLM head)")
     return model.encoder
+
+
+# ----------------------------------------------------------------------------------------------
+# Checkpoints: one file per save, written atomically, the newest `keep` kept
+
+def checkpoint_paths(out_dir):
+    """Complete checkpoints, oldest first. Temporary files (*.tmp) of an interrupted save are
+    never matched, so a crash while writing leaves the previous checkpoint as the newest."""
+    paths = glob.glob(os.path.join(out_dir, "ckpt-*.pt"))
+    return sorted(p for p in paths if re.fullmatch(r"ckpt-\d+\.pt", os.path.basename(p)))
+
+
+def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config):
+    checkpoint = {
+        "model": model.state_dict(), "config": asdict(model_config), "train_config": asdict(cfg),
+        "optimizer": optimizer.state_dict(), "step": step,
+        # Per process (index = rank): each reads its own shard and draws its own dropout.
+        "loader": runtime.gather_object(loader.state_dict()), "rng": runtime.gather_object(runtime.rng_state()),
+    }
+    path = os.path.join(cfg.out_dir, f"ckpt-{step:08d}.pt")
+    runtime.save(checkpoint, path)
+    if runtime.is_main:
+        for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:
+            os.remove(old)
+    return path
+
+
+def restore_checkpoint(runtime, path, model, optimizer, loader, model_config):
+    """Load everything the run needs to continue bit for bit; returns the step to continue from."""
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    ours = asdict(model_config)
+    differ = [f"{k}: checkpoint {checkpoint['config'].get(k)!r}, now {v!r}"
+              for k, v in ours.items() if checkpoint["config"].get(k) != v]
+    if differ:
+        raise ValueError(f"{path} was written for another model config ({'; '.join(differ)}); "
+                         f"pass the same --config and overrides, or another --out_dir")
+    if len(checkpoint["rng"]) != runtime.world_size:
+        raise ValueError(f"{path} was written by {len(checkpoint['rng'])} processes, this run has "
+                         f"{runtime.world_size}: the data shards would not line up")
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    loader.load_state_dict(checkpoint["loader"][runtime.rank])
+    runtime.set_rng_state(checkpoint["rng"][runtime.rank])
+    return checkpoint["step"]
+
+
+# ----------------------------------------------------------------------------------------------
+# Training
+
+def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
+    """One optimizer step over `micro_batches` (grad_accum of them). Adds [sum of weighted CE,
+    correct predictions, masked tokens] to the device tensor `stats`, for logging; no host sync.
+
+    The loss is normalised by the masked tokens of the whole global batch (all micro-batches of
+    all processes), not per micro-batch: every prediction then weighs the same however the batch
+    is split, so N processes x M micro-batches compute the gradient of one process with the
+    global batch. (DDP and xm.reduce_gradients average over processes, hence x world_size.)"""
+    count = runtime.all_reduce_sum(sum(b["masked_weights"].sum() for b in micro_batches)).clamp(min=1.0)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        no_sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
+        with no_sync:
+            with runtime.autocast():
+                logits, _ = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                                  batch["masked_positions"])  # (B, P, V)
+            ids, weights = batch["masked_ids"].flatten(), batch["masked_weights"].flatten().float()
+            ce = F.cross_entropy(logits.flatten(0, 1).float(), ids, reduction="none")
+            loss_sum = (ce * weights).sum()
+            (loss_sum * runtime.world_size / count).backward()
+        correct = ((logits.detach().argmax(-1).flatten() == ids).float() * weights).sum()
+        stats += torch.stack([loss_sum.detach(), correct, weights.sum()])
+    runtime.optimizer_step(optimizer, max_grad_norm)
+    optimizer.zero_grad(set_to_none=True)
+
+
+def ensure_tokenizer(cfg, model_config, runtime, log):
+    if not os.path.exists(cfg.tokenizer):
+        if runtime.is_main:
+            files = sorted(glob.glob(os.path.join(cfg.data, "*.txt"))) if os.path.isdir(cfg.data) else [cfg.data]
+            log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {len(files)} files "
+                f"of {cfg.data} -> {cfg.tokenizer}")
+            os.makedirs(os.path.dirname(cfg.tokenizer) or ".", exist_ok=True)
+            train_tokenizer(files, model_config.vocab_size, cfg.tokenizer.removesuffix(".model"))
+        runtime.barrier()
+    tokenizer = Tokenizer(cfg.tokenizer)
+    if tokenizer.vocab_size > model_config.vocab_size:
+        raise ValueError(f"{cfg.tokenizer} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
+                         f"{model_config.vocab_size}; pass --vocab_size={tokenizer.vocab_size}")
+    if tokenizer.vocab_size < model_config.vocab_size:
+        log(f"note: {cfg.tokenizer} has {tokenizer.vocab_size} pieces, fewer than vocab_size "
+            f"{model_config.vocab_size}; the extra embedding rows stay unused")
+    return tokenizer
+
+
+def train(model_config, cfg):
+    runtime = setup_runtime(cfg.device)
+    log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
+    log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
+    log(f"model config: {asdict(model_config)}")
+    log(f"train config: {asdict(cfg)}")
+    tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
+
+    torch.manual_seed(cfg.seed)  # the same initial weights in every process
+    raw_model = MaskedLM(model_config)
+    raw_model.encoder.pooler.requires_grad_(False)  # no NSP: the pooler gets no gradient
+    model = runtime.wrap_model(raw_model)
+    optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
+    loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                       max_predictions=cfg.max_predictions, rank=runtime.rank,
+                       world_size=runtime.world_size, seed=cfg.seed)
+    counts = count_parameters(raw_model)
+    log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
+
+    step = 0
+    existing = checkpoint_paths(cfg.out_dir)
+    if cfg.resume and existing:
+        step = restore_checkpoint(runtime, existing[-1], raw_model, optimizer, loader, model_config)
+        log(f"resumed from {existing[-1]} at step {step}")
+    elif existing:
+        raise FileExistsError(f"{cfg.out_dir} already holds checkpoints ({os.path.basename(existing[-1])}); "
+                              f"pass --resume to continue that run, or choose another --out_dir")
+    else:
+        torch.manual_seed(cfg.seed + 1 + runtime.rank)  # dropout: different draws in each process
+    os.makedirs(cfg.out_dir, exist_ok=True)
+
+    tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * runtime.world_size
+    stats = torch.zeros(3, device=runtime.device)
+    data = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+    model.train()
+    while step < cfg.steps:
+        # Feed the device exactly the batches up to the next checkpoint: prefetching (MpDeviceLoader)
+        # then never runs ahead of the step, and the loader state saved below matches it.
+        segment = min(cfg.checkpoint_every - step % cfg.checkpoint_every, cfg.steps - step)
+        batches = runtime.loader(itertools.islice(data, segment * cfg.grad_accum))
+        last_log, last_step = time.time(), step
+        for _ in range(segment):
+            micro_batches = [next(batches) for _ in range(cfg.grad_accum)]
+            lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr)
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            train_step(model, optimizer, runtime, micro_batches, cfg.max_grad_norm, stats)
+            step += 1
+            if step % cfg.log_every and step != cfg.steps and step % cfg.checkpoint_every:
+                continue
+            # The one host sync, every log_every steps (and before each checkpoint). The loss
+            # summed since the last check is NaN/inf if any step's was, so none slips through,
+            # and no checkpoint is ever written after a bad step.
+            loss_sum, correct, count = runtime.all_reduce_sum(stats.clone()).tolist()
+            stats.zero_()
+            loss = loss_sum / max(count, 1.0)
+            if not math.isfinite(loss):
+                good = checkpoint_paths(cfg.out_dir)
+                raise FloatingPointError(
+                    f"the loss became {loss} between steps {last_step + 1} and {step}; stopping. "
+                    f"Last good checkpoint: {good[-1] if good else 'none'} (try a lower --lr)")
+            elapsed, now = time.time() - last_log, time.time()
+            seconds_per_step = elapsed / (step - last_step)
+            compiles = ""
+            if runtime.kind == "xla":
+                import torch_xla.debug.metrics as met
+                compiles = f" | xla compiles {(met.metric_data('CompileTime') or [0])[0]}"
+            log(f"step {step:>6}/{cfg.steps} | loss {loss:.4f} | mlm acc {correct / max(count, 1.0):.3f} "
+                f"| lr {lr:.2e} | {tokens_per_step / seconds_per_step:,.0f} tok/s "
+                f"| left {(cfg.steps - step) * seconds_per_step / 60:.1f} min{compiles}")
+            last_log, last_step = now, step
+        path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config)
+        log(f"saved {path}")
+    return raw_model
+
+
+def _launched(index, model_config, train_config):  # torch_xla.launch passes the process index first
+    train(model_config, train_config)
+
+
+def main(argv=None):
+    _, model_config, train_config = parse_args(argv)
+    if resolve_device(train_config.device) == "xla":
+        import torch_xla
+        torch_xla.launch(_launched, args=(model_config, train_config))  # one process per core/chip
+    else:
+        train(model_config, train_config)
+
+
+if __name__ == "__main__":
+    main()
