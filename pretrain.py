@@ -11,16 +11,20 @@ Any config of configs.py by name, any ModelConfig field and any training option 
 as --key=value; `python pretrain.py --help` lists them all. Commands:
 
   CPU:        python pretrain.py
-  one GPU:    python pretrain.py --config=rembert --device=cuda --data=corpus/ \
-                  --tokenizer=spm.model --batch_size=32 --grad_accum=64 --lr=2e-4 --steps=1760000
+  one GPU:    python pretrain.py --config=rembert --device=cuda --data=corpus/ --tokenizer=spm.model \
+                  --seq_len=512 --max_predictions=80 --batch_size=16 --grad_accum=128
   8 GPUs:     torchrun --standalone --nproc_per_node=8 pretrain.py --config=rembert --device=cuda \
-                  --data=corpus/ --tokenizer=spm.model --batch_size=32 --grad_accum=8 --lr=2e-4
+                  --data=corpus/ --tokenizer=spm.model --seq_len=512 --max_predictions=80 \
+                  --batch_size=16 --grad_accum=16
   TPU VM:     PJRT_DEVICE=TPU python pretrain.py --config=rembert --device=xla --data=corpus/ \
-                  --tokenizer=spm.model --batch_size=64 --lr=2e-4     (one process per chip)
+                  --tokenizer=spm.model --seq_len=512 --max_predictions=80 --batch_size=16 --grad_accum=32
+                  (torch_xla.launch starts one process per chip: 4 on a v4-8)
   continue:   the same command with --resume (from the newest checkpoint in --out_dir)
 
-The global batch is batch_size x grad_accum x processes sequences (Table 14's RemBERT: 2048 of
-512 tokens for 1.76M steps at lr 2e-4; the defaults here are for the tiny CPU run).
+The global batch is batch_size x grad_accum x processes sequences (2048 in each command above);
+add --lr, --warmup and --steps for the run you reproduce (the defaults suit the tiny CPU run).
+Multi-process data parallelism shards the corpus by global rank. A NaN/inf loss stops the run; it
+is checked at each log line and before each checkpoint, so no checkpoint holds a bad step.
 """
 
 import argparse
@@ -444,6 +448,7 @@ def train(model_config, cfg):
     stats = torch.zeros(3, device=runtime.device)
     data = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
     model.train()
+    started = time.time()
     while step < cfg.steps:
         # Feed the device exactly the batches up to the next checkpoint: prefetching (MpDeviceLoader)
         # then never runs ahead of the step, and the loader state saved below matches it.
@@ -482,6 +487,7 @@ def train(model_config, cfg):
             last_log, last_step = now, step
         path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config)
         log(f"saved {path}")
+    log(f"done: {cfg.steps} steps in {(time.time() - started) / 60:.1f} min")
     return raw_model
 
 
