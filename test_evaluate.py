@@ -1,0 +1,480 @@
+"""Tests for evaluate.py: the official metrics against hand-worked figures and against verbatim copies of the
+official scripts (oracles below), the `score` command, and the paper's analyses on a tiny model."""
+
+import csv
+import json
+import random
+import re
+import string
+import sys
+import unicodedata
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import evaluate
+from evaluate import entities, mlqa_normalize, ner_scores, pos_scores, qa_scores, squad_normalize
+
+DATA = Path(__file__).parent.parent / "shared" / "data"
+
+
+# ---------------------------------------------------------------------------------------------------
+# Oracles: verbatim copies of the official code (only renamed, and the MLQA Arabic regex written as the
+# same string without the invalid-escape warning).
+
+# SQuAD v1.1 evaluate-v1.1.py (google-research/xtreme third_party/evaluate_squad.py).
+def official_squad_normalize_answer(s):
+    """Lower text and remove punctuation, articles and extra whitespace."""
+
+    def remove_articles(text):
+        return re.sub(r"\b(a|an|the)\b", " ", text)
+
+    def white_space_fix(text):
+        return " ".join(text.split())
+
+    def remove_punc(text):
+        exclude = set(string.punctuation)
+        return "".join(ch for ch in text if ch not in exclude)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s))))
+
+
+# facebookresearch/MLQA mlqa_evaluation_v1.py
+PUNCT = {chr(i) for i in range(sys.maxunicode) if unicodedata.category(chr(i)).startswith('P')}.union(string.punctuation)
+WHITESPACE_LANGS = ['en', 'es', 'hi', 'vi', 'de', 'ar']
+MIXED_SEGMENTATION_LANGS = ['zh']
+
+
+def whitespace_tokenize(text):
+    return text.split()
+
+
+def mixed_segmentation(text):
+    segs_out = []
+    temp_str = ""
+    for char in text:
+        if re.search(r'[\u4e00-\u9fa5]', char) or char in PUNCT:
+            if temp_str != "":
+                ss = whitespace_tokenize(temp_str)
+                segs_out.extend(ss)
+                temp_str = ""
+            segs_out.append(char)
+        else:
+            temp_str += char
+
+    if temp_str != "":
+        ss = whitespace_tokenize(temp_str)
+        segs_out.extend(ss)
+
+    return segs_out
+
+
+def official_mlqa_normalize_answer(s, lang):
+    """Lower text and remove punctuation, articles and extra whitespace."""
+
+    def remove_articles(text, lang):
+        if lang == 'en':
+            return re.sub(r'\b(a|an|the)\b', ' ', text)
+        elif lang == 'es':
+            return re.sub(r'\b(un|una|unos|unas|el|la|los|las)\b', ' ', text)
+        elif lang == 'hi':
+            return text # Hindi does not have formal articles
+        elif lang == 'vi':
+            return re.sub(r'\b(của|là|cái|chiếc|những)\b', ' ', text)
+        elif lang == 'de':
+            return re.sub(r'\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b', ' ', text)
+        elif lang == 'ar':
+            return re.sub(r'\sال^|ال', ' ', text)
+        elif lang == 'zh':
+            return text # Chinese does not have formal articles
+        else:
+            raise Exception('Unknown Language {}'.format(lang))
+
+    def white_space_fix(text, lang):
+        if lang in WHITESPACE_LANGS:
+            tokens = whitespace_tokenize(text)
+        elif lang in MIXED_SEGMENTATION_LANGS:
+            tokens = mixed_segmentation(text)
+        else:
+            raise Exception('Unknown Language {}'.format(lang))
+        return ' '.join([t for t in tokens if t.strip() != ''])
+
+    def remove_punc(text):
+        return ''.join(ch for ch in text if ch not in PUNCT)
+
+    def lower(text):
+        return text.lower()
+
+    return white_space_fix(remove_articles(remove_punc(lower(s)), lang), lang)
+
+
+# The scoring part, identical in both scripts up to the `lang` argument.
+def official_evaluate(dataset, predictions, normalize_answer):
+    def f1_score(prediction, ground_truth):
+        prediction_tokens = normalize_answer(prediction).split()
+        ground_truth_tokens = normalize_answer(ground_truth).split()
+        common = Counter(prediction_tokens) & Counter(ground_truth_tokens)
+        num_same = sum(common.values())
+        if num_same == 0:
+            return 0
+        precision = 1.0 * num_same / len(prediction_tokens)
+        recall = 1.0 * num_same / len(ground_truth_tokens)
+        f1 = (2 * precision * recall) / (precision + recall)
+        return f1
+
+    def exact_match_score(prediction, ground_truth):
+        return normalize_answer(prediction) == normalize_answer(ground_truth)
+
+    def metric_max_over_ground_truths(metric_fn, prediction, ground_truths):
+        scores_for_ground_truths = []
+        for ground_truth in ground_truths:
+            score = metric_fn(prediction, ground_truth)
+            scores_for_ground_truths.append(score)
+        return max(scores_for_ground_truths)
+
+    f1 = exact_match = total = 0
+    for article in dataset:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                total += 1
+                if qa["id"] not in predictions:
+                    continue
+                ground_truths = list(map(lambda x: x["text"], qa["answers"]))
+                prediction = predictions[qa["id"]]
+                exact_match += metric_max_over_ground_truths(
+                    exact_match_score, prediction, ground_truths
+                )
+                f1 += metric_max_over_ground_truths(f1_score, prediction, ground_truths)
+
+    exact_match = 100.0 * exact_match / total
+    f1 = 100.0 * f1 / total
+
+    return {"exact_match": exact_match, "f1": f1}
+
+
+# seqeval (chakki-works/seqeval) metrics/sequence_labeling.py, default (non-strict) mode = conlleval.
+def seqeval_get_entities(seq, suffix=False):
+    if any(isinstance(s, list) for s in seq):
+        seq = [item for sublist in seq for item in sublist + ['O']]
+
+    prev_tag = 'O'
+    prev_type = ''
+    begin_offset = 0
+    chunks = []
+    for i, chunk in enumerate(seq + ['O']):
+        tag = chunk[0]
+        type_ = chunk[1:].split('-', maxsplit=1)[-1] or '_'
+
+        if seqeval_end_of_chunk(prev_tag, tag, prev_type, type_):
+            chunks.append((prev_type, begin_offset, i-1))
+        if seqeval_start_of_chunk(prev_tag, tag, prev_type, type_):
+            begin_offset = i
+        prev_tag = tag
+        prev_type = type_
+
+    return chunks
+
+
+def seqeval_end_of_chunk(prev_tag, tag, prev_type, type_):
+    chunk_end = False
+
+    if prev_tag == 'E': chunk_end = True
+    if prev_tag == 'S': chunk_end = True
+
+    if prev_tag == 'B' and tag == 'B': chunk_end = True
+    if prev_tag == 'B' and tag == 'S': chunk_end = True
+    if prev_tag == 'B' and tag == 'O': chunk_end = True
+    if prev_tag == 'I' and tag == 'B': chunk_end = True
+    if prev_tag == 'I' and tag == 'S': chunk_end = True
+    if prev_tag == 'I' and tag == 'O': chunk_end = True
+
+    if prev_tag != 'O' and prev_tag != '.' and prev_type != type_:
+        chunk_end = True
+
+    return chunk_end
+
+
+def seqeval_start_of_chunk(prev_tag, tag, prev_type, type_):
+    chunk_start = False
+
+    if tag == 'B': chunk_start = True
+    if tag == 'S': chunk_start = True
+
+    if prev_tag == 'E' and tag == 'E': chunk_start = True
+    if prev_tag == 'E' and tag == 'I': chunk_start = True
+    if prev_tag == 'S' and tag == 'E': chunk_start = True
+    if prev_tag == 'S' and tag == 'I': chunk_start = True
+    if prev_tag == 'O' and tag == 'E': chunk_start = True
+    if prev_tag == 'O' and tag == 'I': chunk_start = True
+
+    if tag != 'O' and tag != '.' and prev_type != type_:
+        chunk_start = True
+
+    return chunk_start
+
+
+def conlleval_figures(correct, guessed, gold):
+    """conlleval's arithmetic: percentages first, then FB1 from them."""
+    precision = 100 * correct / guessed if guessed > 0 else 0
+    recall = 100 * correct / gold if gold > 0 else 0
+    fb1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0
+    return precision, recall, fb1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Span extraction
+
+def squad(*questions):
+    """A one-article SQuAD dataset from (id, [gold answers]) pairs."""
+    return [{"paragraphs": [{"context": "", "qas": [{"id": qid, "answers": [{"text": t, "answer_start": 0}
+                                                                         for t in answers]}
+                                                  for qid, answers in questions]}]}]
+
+
+def test_squad_hand_worked():
+    data = squad(("q1", ["The Eiffel Tower"]), ("q2", ["Paris, France", "Paris"]), ("q3", ["1889"]),
+                 ("q4", ["a big red dog"]))
+    predictions = {"q1": "eiffel tower.",   # EM after normalization: article, case, punctuation
+                   "q2": "in Paris",        # F1 max over golds: vs "paris" P=1/2 R=1 -> 2/3
+                   "q4": "red dog!"}        # P=1 R=2/3 -> 0.8; q3 missing -> 0
+    result = qa_scores(data, predictions)
+    assert result["exact_match"] == 100.0 * 1 / 4
+    assert result["f1"] == 100.0 * (1 + 2 / 3 + 0.8) / 4
+    assert result["unanswered"] == 1 and result["total"] == 4 and result["ignored_predictions"] == 0
+
+
+def test_squad_edge_cases(capsys):
+    data = squad(("e", ["..."]), ("f", ["!?"]), ("g", [""]), ("h", ["x"]))
+    # Punctuation-only answers normalize to "": EM 1 when the prediction also does, F1 0 (no tokens).
+    result = qa_scores(data, {"e": "", "f": "?!", "g": "", "h": "", "extra": "y"})
+    assert result["exact_match"] == 75.0 and result["f1"] == 0.0 and result["ignored_predictions"] == 1
+    assert qa_scores(data, {})["exact_match"] == 0.0
+    assert "Unanswered question e will receive score 0." in capsys.readouterr().err
+
+
+def test_squad_keeps_non_ascii_punctuation():
+    # SQuAD v1.1 only strips string.punctuation: "«" and "。" stay part of the tokens.
+    assert squad_normalize("«Die Welt» — the end.") == "«die welt» — end"
+    assert qa_scores(squad(("q", ["巴黎"])), {"q": "巴黎。"})["exact_match"] == 0.0
+
+
+def test_mlqa_hand_worked():
+    assert mlqa_normalize("Der Hund und die Katze, ein Haus", "de") == "hund und katze haus"
+    assert mlqa_normalize("Los perros y una casa", "es") == "perros y casa"
+    assert mlqa_normalize("Những con mèo của tôi là cái bàn", "vi") == "con mèo tôi bàn"
+    # Arabic: every "ال" becomes a space, also in the middle of a word.
+    assert mlqa_normalize("الكتاب «جميل»", "ar") == "كتاب جميل"
+    assert mlqa_normalize("محالّ", "ar") == "مح ّ"
+    assert mlqa_normalize("北京大学，2008年！", "zh") == "北 京 大 学 2008 年"
+    assert mlqa_normalize("The end", "hi") == "the end"     # no articles removed outside their language
+    # Chinese F1 is over characters: "北京大学" vs "北京" -> P=1 R=1/2
+    result = qa_scores(squad(("q", ["北京"])), {"q": "北京大学"}, lang="zh")
+    assert result["f1"] == 100.0 * ((2 * 1.0 * 0.5) / (1.0 + 0.5)) / 1 and result["exact_match"] == 0.0
+    with pytest.raises(ValueError, match="xx"):
+        qa_scores(squad(("q", ["a"])), {}, lang="xx")
+
+
+ALPHABET = (list("abcdeuvxyz ABCZ  ") + ["the ", " a ", " an ", "The", "der ", " die", "Das ", "eines ", "el ",
+            " las ", "una ", "của ", " những ", " là ", "cái", "chiếc ", "ال", " الكتاب ", "ب", "北", "京", "大", "年", "龥", "鿦",
+            "𠀀", "ア", "1", "9", ".", ",", "!", "'", "-", "，", "。", "「", "」", "«", "»", "¿", "—", "…", "\u3000",
+            "\xa0", "\t", "\n", "İ", "ß", "É", "ñ", "ủ", "ệ", "\u0301", "\u200b", "\x1c"])
+
+
+def random_text(rng):
+    return "".join(rng.choice(ALPHABET) for _ in range(rng.randint(0, 10)))
+
+
+@pytest.mark.parametrize("lang", [None, *evaluate.MLQA_LANGUAGES])
+def test_qa_matches_official_scripts_on_random_input(lang):
+    rng = random.Random(hash(lang) % 1000)
+    normalize = official_squad_normalize_answer if lang is None else (
+        lambda s: official_mlqa_normalize_answer(s, lang))
+    for _ in range(20):
+        questions = [(f"q{i}", [random_text(rng) for _ in range(rng.randint(1, 3))]) for i in range(20)]
+        data = squad(*questions)
+        predictions = {}
+        for qid, answers in questions:
+            if rng.random() < 0.8:  # some unanswered; predictions often near a gold answer
+                predictions[qid] = rng.choice(answers) + random_text(rng) if rng.random() < 0.5 else random_text(rng)
+        for text in (t for _, answers in questions for t in answers):
+            assert (squad_normalize(text) if lang is None else mlqa_normalize(text, lang)) == normalize(text)
+        ours = qa_scores(data, predictions, lang)
+        official = official_evaluate(data, predictions, normalize)
+        assert (ours["exact_match"], ours["f1"]) == (official["exact_match"], official["f1"])
+
+
+def test_qa_matches_official_on_real_xquad():
+    path = DATA / "xquad" / "xquad.zh.json"
+    if not path.exists():
+        pytest.skip("../shared/data is absent")
+    data = json.loads(path.read_text())["data"]
+    rng = random.Random(0)
+    # Predictions: a gold answer with random characters cut off or added, for every other question.
+    predictions = {qa["id"]: qa["answers"][0]["text"][rng.randint(0, 2):] + rng.choice(["", "的", "。", " x"])
+                   for article in data for p in article["paragraphs"] for qa in p["qas"][::2]}
+    for lang in (None, "zh"):
+        normalize = official_squad_normalize_answer if lang is None else (
+            lambda s: official_mlqa_normalize_answer(s, "zh"))
+        ours = qa_scores(data, predictions, lang)
+        official = official_evaluate(data, predictions, normalize)
+        assert (ours["exact_match"], ours["f1"]) == (official["exact_match"], official["f1"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Tagging and classification
+
+def test_entities_iob_edge_cases():
+    assert entities(["B-PER", "I-PER", "O", "B-LOC"]) == [("PER", 0, 1), ("LOC", 3, 3)]
+    assert entities(["O", "I-PER", "I-PER"]) == [("PER", 1, 2)]                  # I- after O starts (IOB1)
+    assert entities(["B-PER", "I-LOC", "I-LOC"]) == [("PER", 0, 0), ("LOC", 1, 2)]  # type change mid-entity
+    assert entities(["B-PER", "B-PER"]) == [("PER", 0, 0), ("PER", 1, 1)]
+    assert entities(["I-ORG", "B-ORG", "I-ORG"]) == [("ORG", 0, 0), ("ORG", 1, 2)]
+    assert entities(["O", "O", "B-ORG"]) == [("ORG", 2, 2)]                         # entity at sentence end
+    assert entities([]) == []
+    with pytest.raises(ValueError, match="E-PER"):
+        entities(["E-PER"])
+
+
+def test_ner_scores_hand_worked():
+    gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "I-ORG", "I-ORG"]]
+    predicted = [["B-PER", "I-PER", "O", "B-ORG"],   # PER right; LOC typed wrong
+                 ["B-ORG", "I-ORG", "O"]]            # ORG boundary wrong
+    result = ner_scores(gold, predicted)
+    assert (result["correct_entities"], result["predicted_entities"], result["gold_entities"]) == (1, 3, 3)
+    assert (result["precision"], result["recall"], result["f1"]) == conlleval_figures(1, 3, 3)
+    assert result["f1"] == pytest.approx(100 / 3)
+    # A chunk does not run across a sentence boundary.
+    assert ner_scores([["B-PER"], ["I-PER"]], [["B-PER"], ["I-PER"]])["gold_entities"] == 2
+    assert ner_scores([["O"]], [["O"]])["f1"] == 0.0
+    with pytest.raises(ValueError, match="sentence 0"):
+        ner_scores([["O", "O"]], [["O"]])
+
+
+def test_ner_matches_seqeval_and_conlleval_on_random_tags():
+    rng = random.Random(0)
+    labels = ["O", "O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-ORG"]
+    for _ in range(200):
+        lengths = [rng.randint(0, 8) for _ in range(rng.randint(1, 4))]
+        gold = [[rng.choice(labels) for _ in range(n)] for n in lengths]
+        predicted = [[rng.choice(labels) for _ in range(n)] for n in lengths]
+        for tags in gold:
+            assert entities(tags) == seqeval_get_entities(tags)
+        true_set, pred_set = set(seqeval_get_entities(gold)), set(seqeval_get_entities(predicted))
+        result = ner_scores(gold, predicted)
+        correct = len(true_set & pred_set)
+        assert (result["correct_entities"], result["predicted_entities"], result["gold_entities"]) == (
+            correct, len(pred_set), len(true_set))
+        assert (result["precision"], result["recall"], result["f1"]) == conlleval_figures(
+            correct, len(pred_set), len(true_set))
+
+
+def test_pos_and_accuracy():
+    assert pos_scores([["NOUN", "VERB"], ["DET"]], [["NOUN", "NOUN"], ["DET"]])["accuracy"] == 100.0 * 2 / 3
+    assert evaluate.accuracy(["0", "1", "1"], ["0", "0", "1"])["accuracy"] == 100.0 * 2 / 3
+    with pytest.raises(ValueError, match="2 gold labels but 1"):
+        evaluate.accuracy(["0", "1"], ["0"])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The `score` command
+
+def run_score(capsys, task, gold, predictions, *extra):
+    evaluate.main(["score", "--task", task, "--gold", str(gold), "--predictions", str(predictions), *extra])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1
+    return json.loads(out[0])
+
+
+def write(path, text):
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def score_error(capsys, task, gold, predictions, *extra):
+    with pytest.raises(SystemExit) as exc:
+        evaluate.main(["score", "--task", task, "--gold", str(gold), "--predictions", str(predictions), *extra])
+    return str(exc.value.code)
+
+
+def test_score_classification(tmp_path, capsys):
+    # Quoted fields with doubled quotes (XTREME's csv.writer), and U+001C inside a sentence.
+    gold = write(tmp_path / "gold.tsv", 'a\tb\t1\n"say ""hi""\tc\x1cd"\te\t0\nf\tg\t1\n')
+    result = run_score(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\n0\n0\n"))
+    assert result["accuracy"] == 100.0 * 2 / 3 and result["total"] == 3 and result["task"] == "pawsx"
+    assert "p.txt:2: unknown label 'x'" in score_error(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\nx\n0\n"))
+    assert "3 examples but" in score_error(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\n0\n"))
+    bad = write(tmp_path / "bad.tsv", "a\tb\t1\na\tb\n")
+    assert "bad.tsv:2: expected 3 tab-separated fields" in score_error(capsys, "pawsx", bad, tmp_path / "p.txt")
+    assert "bad.tsv:1: unknown label 'neutral'" in score_error(
+        capsys, "pawsx", write(bad, "a\tb\tneutral\n"), tmp_path / "p.txt")
+    assert "empty file" in score_error(capsys, "xnli", write(bad, ""), tmp_path / "p.txt")
+    assert "bad.tsv:2: not UTF-8" in score_error(capsys, "xnli", write(bad, b"a\tb\tneutral\n\xff\n"), gold)
+
+
+def test_score_real_pawsx_and_xnli(capsys, tmp_path):
+    for task, name in (("pawsx", "dev-es.tsv"), ("xnli", "dev-ar.tsv")):
+        gold = DATA / task / name
+        if not gold.exists():
+            pytest.skip("../shared/data is absent")
+        with open(gold, newline="", encoding="utf-8") as f:
+            labels = [row[2] for row in csv.reader(f, delimiter="\t")]
+        first, second = evaluate.CLASSIFICATION_LABELS[task][:2]
+        predicted = [second if label == first else first for label in labels[:10]] + labels[10:]  # 10 wrong
+        result = run_score(capsys, task, gold, write(tmp_path / "p.txt", "\n".join(predicted) + "\n"))
+        assert result["total"] == len(labels) and result["accuracy"] == 100.0 * (len(labels) - 10) / len(labels)
+
+
+def test_score_tagging(tmp_path, capsys):
+    gold = write(tmp_path / "gold.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tB-LOC\n\nDie\tB-ORG\nUN\tI-ORG\n")
+    predicted = write(tmp_path / "pred.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tB-ORG\n\nDie\tO\nUN\tI-ORG\n")
+    result = run_score(capsys, "panx", gold, predicted)
+    assert (result["correct_entities"], result["predicted_entities"], result["gold_entities"]) == (1, 3, 3)
+    assert "bad.tsv:4: unknown label 'B-MISC'" in score_error(
+        capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tB-MISC\n"))
+    assert "bad.tsv:2: expected `token<TAB>label`" in score_error(
+        capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt O\n"))
+    assert "2 sentences but" in score_error(capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\n"))
+    assert "gold.tsv:6 has other tokens" in score_error(
+        capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tO\n\nDas\tO\nUN\tO\n"))
+    pos_gold = write(tmp_path / "pos.tsv", "Der\tDET\nHund\tNOUN\n\nbellt\tVERB\n")
+    pos_pred = write(tmp_path / "pos_pred.tsv", "Der\tDET\nHund\tVERB\n\nbellt\tVERB\n")
+    assert run_score(capsys, "udpos", pos_gold, pos_pred)["accuracy"] == 100.0 * 2 / 3
+
+
+def test_score_real_panx(capsys):
+    gold = DATA / "ner" / "panx" / "dev-de.tsv"
+    if not gold.exists():
+        pytest.skip("../shared/data is absent")
+    result = run_score(capsys, "panx", gold, gold)
+    assert result["f1"] == 100.0 and result["gold_entities"] == result["correct_entities"] > 200
+
+
+def test_score_qa(tmp_path, capsys):
+    gold = write(tmp_path / "gold.json", json.dumps({"version": "1.1", "data": squad(
+        ("q1", ["Der Hund"]), ("q2", ["北京"]))}))
+    predictions = write(tmp_path / "pred.json", json.dumps({"q1": "Hund", "q2": "北京大学"}))
+    squad_result = run_score(capsys, "xquad", gold, predictions, "--lang", "de")
+    assert squad_result["exact_match"] == 0.0 and squad_result["lang"] == "de"
+    assert run_score(capsys, "mlqa", gold, predictions, "--lang", "de")["exact_match"] == 50.0
+    assert "--lang is required for mlqa" in score_error(capsys, "mlqa", gold, predictions)
+    assert "duplicate key 'q1'" in score_error(capsys, "tydiqa", gold, write(
+        tmp_path / "dup.json", '{"q1": "a", "q1": "b"}'))
+    assert "not a string" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1": ["a"]}'))
+    assert "bad.json:1: invalid JSON" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1"'))
+    no_answers = write(tmp_path / "g.json", json.dumps({"data": [{"paragraphs": [{"qas": [{"id": "x", "answers": []}]}]}]}))
+    assert "data[0].paragraphs[0].qas[0] (id 'x') needs a non-empty \"answers\"" in score_error(
+        capsys, "xquad", no_answers, predictions)
+
+
+def test_score_real_xquad_gold_answers(capsys, tmp_path):
+    gold = DATA / "xquad" / "xquad.ar.json"
+    if not gold.exists():
+        pytest.skip("../shared/data is absent")
+    data = json.loads(gold.read_text())["data"]
+    predictions = {qa["id"]: qa["answers"][0]["text"] for a in data for p in a["paragraphs"] for qa in p["qas"]}
+    result = run_score(capsys, "xquad", gold, write(tmp_path / "p.json", json.dumps(predictions)))
+    assert (result["exact_match"], result["f1"], result["total"]) == (100.0, 100.0, 1190)
