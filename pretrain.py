@@ -1,4 +1,4 @@
-"""Masked-LM pre-training of RemBERT: the paper's recipe for every model it compares (Sections 3-7),
+r"""Masked-LM pre-training of RemBERT: the paper's recipe for every model it compares (Sections 3-7),
 with the optimisation of Table 14 (AdamW β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01, gradient
 clipping at norm 1, linear warm-up then linear decay), on CPU, CUDA GPUs or TPUs (torch-xla).
 
@@ -76,6 +76,23 @@ class TrainConfig:
 # ----------------------------------------------------------------------------------------------
 # Command line: --config NAME, then --field=value for any ModelConfig or TrainConfig field
 
+MODEL_HELP = {
+    "vocab_size": "word pieces; at least the tokenizer's",
+    "hidden_size": "H, the Transformer width",
+    "num_layers": "Transformer layers kept for fine-tuning",
+    "num_heads": "attention heads",
+    "intermediate_size": "feed-forward width",
+    "input_embedding_size": "E_in, the input embedding width (Section 4)",
+    "output_embedding_size": "E_out, the output embedding width of the MLM head (Section 5)",
+    "tie_embeddings": "one matrix for input and output embeddings (the coupled baseline; E_in == E_out)",
+    "pretraining_only_layers": "extra layers on top, dropped for fine-tuning (Table 5)",
+    "max_position_embeddings": "longest sequence",
+    "type_vocab_size": "segment types",
+    "layer_norm_eps": "LayerNorm epsilon",
+    "dropout": "hidden and attention dropout",
+}
+
+
 def _parse_bool(text):
     if text.lower() in ("true", "1", "yes"):
         return True
@@ -99,7 +116,7 @@ def parse_args(argv=None):
                         help=f"model config from configs.py (default: tiny): {', '.join(CONFIGS)}")
     group = parser.add_argument_group("model (ModelConfig fields; default: the --config's value)")
     for f in fields(ModelConfig):
-        _add_field(group, f, None, f"ModelConfig.{f.name}")
+        _add_field(group, f, None, MODEL_HELP[f.name])
     group = parser.add_argument_group("training (TrainConfig fields)")
     for f in fields(TrainConfig):
         _add_field(group, f, f.default, f"{f.metadata['help']} (default: {f.default})")
