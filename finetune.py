@@ -1,0 +1,459 @@
+"""Fine-tuning RemBERT on the XTREME tasks of the paper with zero-shot cross-lingual transfer
+(Section 3, "fine-tuning"; Section 7, Tables 7-9): fine-tune on English training data only, then
+evaluate every target language with the same model, and report each language and the average.
+
+Tasks: sentence-pair classification (xnli, pawsx: `model.SequenceClassifier`), tagging (panx NER,
+udpos POS: `model.TokenClassifier`), extractive QA (xquad, mlqa, tydiqa: `model.SpanExtractor`).
+The encoder comes from a pre-training checkpoint of pretrain.py (its pre-training-only layers and
+MLM head are dropped, as in the paper), a Hugging Face RemBERT directory (e.g. google/rembert, with
+its sentencepiece.model), or random weights (--config NAME, for tests). `--keep-layers K` drops the
+encoder's last layers first (Figure 1). Each seed's model is saved under --out-dir/seed-N/ in
+transformers' layout, so `python evaluate.py predict --model DIR ...` can predict with it later.
+The per-language table (mean over --seeds, as the paper averages 3) goes to stdout and, with the
+per-seed figures, to --out-dir/results.json.
+
+With the shared demo data (../shared/data): XQuAD has no training split, so train on the first
+half of the English articles and evaluate all 12 languages on the held-out articles' questions
+(--train-fraction; the files are parallel, the ids shared). XNLI and PAWS-X likewise on their
+line-parallel dev files. PAN-X trains on train-en.tsv and evaluates the other languages' dev files.
+
+  CPU:      python finetune.py --task xquad --init out/pretrain/ckpt-00000300.pt --lr 1e-4 \\
+                --train ../shared/data/xquad/xquad.en.json --train-fraction 0.5 \\
+                --eval ../shared/data/xquad/xquad.*.json --seq-len 256 --batch-size 16
+            python finetune.py --task panx --init out/pretrain/ckpt-00000300.pt \\
+                --train ../shared/data/ner/panx/train-en.tsv --eval ../shared/data/ner/panx/dev-*.tsv
+  one GPU:  python finetune.py --task xnli --init rembert/ --device cuda --seeds 1 2 3 \\
+                --train multinli.train.en.tsv --eval xnli/dev-*.tsv
+  torchrun: torchrun --standalone --nproc_per_node=8 finetune.py --task xquad --init rembert/ \\
+                --device cuda --batch-size 4 --train train-v1.1.json --eval xquad/xquad.*.json
+  TPU VM:   PJRT_DEVICE=TPU python finetune.py --task xnli --init rembert/ --device xla \\
+                --batch-size 4 --train multinli.train.en.tsv --eval xnli/dev-*.tsv
+(--batch-size is per process: 8 processes x 4 = the paper's 32.)
+"""
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import shutil
+import time
+import warnings
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+
+import data
+import evaluate
+from configs import CONFIGS
+from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier, save_hf
+from pretrain import build_optimizer, load_pretrained_encoder, lr_at, resolve_device, setup_runtime
+
+
+@dataclass(frozen=True)
+class Task:
+    kind: str  # "classification" | "tagging" | "qa"
+    labels: tuple  # label names (classification, tagging); () for QA
+    lr: float  # default peak learning rate
+    seq_len: int
+    metrics: tuple  # the figures of evaluate.py that the table shows (percent)
+
+
+TASKS = {
+    "xnli": Task("classification", evaluate.CLASSIFICATION_LABELS["xnli"], 2e-5, 128, ("accuracy",)),
+    "pawsx": Task("classification", evaluate.CLASSIFICATION_LABELS["pawsx"], 2e-5, 128, ("accuracy",)),
+    "panx": Task("tagging", evaluate.TAGGING_LABELS["panx"], 2e-5, 128, ("f1", "precision", "recall")),
+    "udpos": Task("tagging", evaluate.TAGGING_LABELS["udpos"], 2e-5, 128, ("accuracy",)),
+    "xquad": Task("qa", (), 3e-5, 384, ("f1", "exact_match")),
+    "mlqa": Task("qa", (), 3e-5, 384, ("f1", "exact_match")),
+    "tydiqa": Task("qa", (), 3e-5, 384, ("f1", "exact_match")),
+}
+
+
+@dataclass
+class FinetuneConfig:
+    task: str = field(default="", metadata={"help": f"one of {', '.join(TASKS)}"})
+    init: str = field(default="", metadata={
+        "help": "a pretrain.py checkpoint (.pt) or a Hugging Face RemBERT directory; empty: random weights"})
+    config: str = field(default="", metadata={"help": "with no --init: the configs.py model to build with random weights"})
+    tokenizer: str = field(default="", metadata={
+        "help": "SentencePiece model (default: INIT/sentencepiece.model, or the one the checkpoint was trained with)"})
+    train: str = field(default="", metadata={"help": "the English training file"})
+    train_fraction: float = field(default=1.0, metadata={
+        "help": "train on this first fraction of --train (articles for QA, lines or sentences otherwise) and "
+                "evaluate only the rest of every --eval file (they must be parallel to --train)"})
+    max_train: int = field(default=0, metadata={"help": "use only the first N training examples (0: all)"})
+    eval: list = field(default_factory=list, metadata={
+        "help": "evaluation files, FILE or NAME=FILE (NAME defaults to the language code in the file name)"})
+    max_eval: int = field(default=0, metadata={"help": "evaluate only the first N examples of each file (0: all)"})
+    out_dir: str = field(default="out/finetune", metadata={"help": "fine-tuned models and results.json"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
+    seq_len: int = field(default=0, metadata={"help": "pieces per sequence (0: 128, or 384 for QA)"})
+    doc_stride: int = field(default=128, metadata={"help": "QA: pieces between the starts of a context's windows"})
+    max_query_length: int = field(default=64, metadata={"help": "QA: question pieces kept"})
+    max_answer_length: int = field(default=30, metadata={"help": "QA: longest answer span decoded, in pieces"})
+    n_best: int = field(default=20, metadata={"help": "QA: start and end candidates per window"})
+    batch_size: int = field(default=32, metadata={"help": "training sequences per process and step (Table 10: 32)"})
+    eval_batch_size: int = field(default=64, metadata={"help": "evaluation sequences per process and step"})
+    epochs: int = field(default=3, metadata={"help": "passes over the training data (Table 10: 3)"})
+    lr: float = field(default=0.0, metadata={"help": "peak learning rate (0: the task's default)"})
+    warmup_fraction: float = field(default=0.1, metadata={"help": "fraction of the steps spent warming up"})
+    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (not on biases, LayerNorm)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this"})
+    dropout: float = field(default=0.1, metadata={"help": "dropout before the task's output layer"})
+    seeds: list = field(default_factory=lambda: [0], metadata={
+        "help": "one fine-tuning run per seed; the table averages them (the paper: 3)"})
+    keep_layers: int = field(default=0, metadata={
+        "help": "keep only the encoder's first K layers (Figure 1; 0: all)"})
+    log_every: int = field(default=20, metadata={"help": "steps between log lines"})
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)  # no prefixes: a mistyped flag must fail
+    for f in fields(FinetuneConfig):
+        flag = "--" + f.name.replace("_", "-")
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        if f.name in ("eval", "seeds"):
+            parser.add_argument(flag, nargs="+", type=int if f.name == "seeds" else str, default=default,
+                                help=f"{f.metadata['help']} (default: {default})")
+        else:
+            parser.add_argument(flag, type=type(f.default), default=default,
+                                help=f"{f.metadata['help']} (default: {default!r})")
+    cfg = FinetuneConfig(**vars(parser.parse_args(argv)))
+    problems = []
+    if cfg.task not in TASKS:
+        problems.append(f"--task must be one of {', '.join(TASKS)}, got {cfg.task!r}")
+    if bool(cfg.init) == bool(cfg.config):
+        problems.append("pass exactly one of --init (a checkpoint or HF directory) and --config (random weights)")
+    if cfg.config and cfg.config not in CONFIGS:
+        problems.append(f"--config must be one of {', '.join(CONFIGS)}, got {cfg.config!r}")
+    if not cfg.train:
+        problems.append("--train is required")
+    if not 0.0 < cfg.train_fraction <= 1.0:
+        problems.append(f"--train-fraction must be in (0, 1], got {cfg.train_fraction}")
+    for name in ("batch_size", "eval_batch_size", "epochs", "log_every", "doc_stride", "max_query_length",
+                 "max_answer_length", "n_best"):
+        if getattr(cfg, name) < 1:
+            problems.append(f"--{name.replace('_', '-')} must be positive")
+    if cfg.device not in ("auto", "cpu", "cuda", "xla"):
+        problems.append(f"--device must be auto, cpu, cuda or xla, got {cfg.device!r}")
+    if problems:
+        parser.error("; ".join(problems))
+    task = TASKS[cfg.task]
+    return dataclasses.replace(cfg, lr=cfg.lr or task.lr, seq_len=cfg.seq_len or task.seq_len)
+
+
+# ----------------------------------------------------------------------------------------------
+# The model: an encoder from a checkpoint, a HF directory or random weights, plus the task's head
+
+def tokenizer_path(cfg):
+    if cfg.tokenizer:
+        return cfg.tokenizer
+    if cfg.init and os.path.isdir(cfg.init):
+        return os.path.join(cfg.init, "sentencepiece.model")
+    if cfg.init:  # the checkpoint records the tokenizer it was pre-trained with; mmap reads only that
+        return torch.load(cfg.init, map_location="cpu", weights_only=True, mmap=True)["train_config"]["tokenizer"]
+    raise ValueError("--config (random weights) needs --tokenizer")
+
+
+def build_encoder(cfg, log):
+    if not cfg.init:
+        encoder = Encoder(CONFIGS[cfg.config])
+        log(f"random {cfg.config} encoder")
+    elif os.path.isdir(cfg.init):
+        encoder = Encoder.from_hf(cfg.init)
+        log(f"{cfg.init}: Hugging Face RemBERT encoder")
+    else:
+        encoder = load_pretrained_encoder(cfg.init)
+    if cfg.keep_layers:
+        if not 1 <= cfg.keep_layers <= encoder.config.num_layers:
+            raise ValueError(f"--keep-layers {cfg.keep_layers}: the encoder has {encoder.config.num_layers} layers")
+        encoder.layers = encoder.layers[:cfg.keep_layers]
+        encoder.config = dataclasses.replace(encoder.config, num_layers=cfg.keep_layers)
+        log(f"kept the first {cfg.keep_layers} layers (Figure 1)")
+    return encoder
+
+
+def build_model(task, encoder, dropout):
+    if task.kind == "classification":
+        return SequenceClassifier(encoder, len(task.labels), dropout)
+    # Only the sentence classifier reads the pooler: frozen here, DDP sees no unused parameters.
+    encoder.pooler.requires_grad_(False)
+    if task.kind == "tagging":
+        return TokenClassifier(encoder, len(task.labels), dropout)
+    return SpanExtractor(encoder)
+
+
+def save_finetuned(model, cfg, tokenizer_file, path):
+    """transformers' RemBertFor... layout, the tokenizer and the task: all `load_finetuned` needs."""
+    os.makedirs(path, exist_ok=True)
+    save_hf(model, path)
+    shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
+    info = {"task": cfg.task, "labels": list(TASKS[cfg.task].labels), "seq_len": cfg.seq_len,
+            "doc_stride": cfg.doc_stride, "max_query_length": cfg.max_query_length,
+            "max_answer_length": cfg.max_answer_length, "n_best": cfg.n_best}
+    with open(os.path.join(path, "finetune.json"), "w") as f:
+        json.dump(info, f, indent=2)
+
+
+def load_finetuned(path):
+    """-> (model, tokenizer, info) of a directory written by `save_finetuned`."""
+    with open(os.path.join(path, "finetune.json")) as f:
+        info = json.load(f)
+    with warnings.catch_warnings():  # the head's tensors are loaded below, not by the encoder
+        warnings.filterwarnings("ignore", message=".*tensors not used")
+        encoder = Encoder.from_hf(path)
+    model = build_model(TASKS[info["task"]], encoder, dropout=0.0)
+    from safetensors.torch import load_file
+    state = load_file(os.path.join(path, "model.safetensors"))
+    head = model.qa_outputs if isinstance(model, SpanExtractor) else model.classifier
+    prefix = "qa_outputs" if isinstance(model, SpanExtractor) else "classifier"
+    with torch.no_grad():
+        head.weight.copy_(state[f"{prefix}.weight"])
+        head.bias.copy_(state[f"{prefix}.bias"])
+    return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
+
+
+# ----------------------------------------------------------------------------------------------
+# Task data (data.py does the reading, the features and the span decoding)
+
+def read_examples(task, path):
+    return {"classification": data.read_pairs, "tagging": data.read_tagging, "qa": data.read_squad}[task.kind](path)
+
+
+def features(task, tokenizer, examples, settings, training):
+    """-> (tensors: dict of (N, ...) tensors, each row one sequence; meta for `decode`)."""
+    if task.kind == "classification":
+        return data.pair_features(tokenizer, examples, task.labels, settings["seq_len"]), None
+    if task.kind == "tagging":
+        return data.tagging_features(tokenizer, examples, task.labels, settings["seq_len"]), None
+    return data.squad_features(tokenizer, examples, settings["seq_len"], settings["doc_stride"],
+                               settings["max_query_length"], training=training)
+
+
+def decode(task, examples, tensors, meta, outputs, settings):
+    """Model outputs (one row per sequence) -> one prediction per example: a label, a list of tags, or
+    (QA) the answer text; returned as a list aligned with `examples`."""
+    if task.kind == "classification":
+        return [task.labels[i] for i in outputs[0].argmax(-1).tolist()]
+    if task.kind == "tagging":
+        return data.tagging_predictions(examples, tensors, outputs[0].argmax(-1), task.labels)
+    answers = data.decode_spans(examples, meta, outputs[0], outputs[1], settings["n_best"],
+                                settings["max_answer_length"])
+    return [answers[e.id] for e in examples]
+
+
+def score(task_name, lang, examples, predictions):
+    """The official figures (percent) of evaluate.py for one language's examples."""
+    kind = TASKS[task_name].kind
+    if kind == "classification":
+        result = evaluate.accuracy([e.label for e in examples], predictions)
+    elif task_name == "panx":
+        result = evaluate.ner_scores([e.labels for e in examples], predictions)
+    elif kind == "tagging":
+        result = evaluate.pos_scores([e.labels for e in examples], predictions)
+    else:
+        dataset = [{"paragraphs": [{"qas": [{"id": e.id, "answers": e.answers} for e in examples]}]}]
+        result = evaluate.qa_scores(dataset, {e.id: p for e, p in zip(examples, predictions)},
+                                    lang if task_name == "mlqa" else None)
+    return {m: result[m] for m in TASKS[task_name].metrics}
+
+
+def split_train(task, examples, fraction):
+    """The first `fraction` of the training file: whole articles for QA (a context never lands on
+    both sides), else lines/sentences. Returns (train examples, held_out(index, example) -> bool)."""
+    if fraction == 1.0:
+        return examples, lambda i, e: True
+    if task.kind == "qa":
+        articles = list(dict.fromkeys(e.article for e in examples))
+        keep = set(articles[:math.ceil(fraction * len(articles))])
+        train = [e for e in examples if e.article in keep]
+        train_ids = {e.id for e in train}
+        return train, lambda i, e: e.id not in train_ids
+    n = math.ceil(fraction * len(examples))
+    return examples[:n], lambda i, e: i >= n
+
+
+def eval_sets(cfg, task, held_out):
+    """{name: (language, examples)} for the --eval files, without what --train-fraction trained on."""
+    sets = {}
+    for spec in cfg.eval:
+        name, path = spec.split("=", 1) if "=" in spec else (None, spec)
+        codes = sorted({t for t in re.split(r"[-._]", os.path.basename(name or path)) if re.fullmatch(r"[a-z]{2}", t)})
+        if len(codes) != 1:
+            raise ValueError(f"--eval {spec}: cannot tell the language from the name; write it as LANG=FILE")
+        name = name or codes[0]
+        if name in sets:
+            raise ValueError(f"--eval: two files for {name!r}; name them NAME=FILE")
+        examples = [e for i, e in enumerate(read_examples(task, path)) if held_out(i, e)]
+        if cfg.max_eval:
+            examples = examples[:cfg.max_eval]
+        if not examples:
+            raise ValueError(f"--eval {path}: no examples left to evaluate (all used for training?)")
+        sets[name] = (codes[0], examples)
+    return sets
+
+
+# ----------------------------------------------------------------------------------------------
+# Training and prediction, with static shapes: whole training batches only (the last partial one
+# of each epoch is dropped), evaluation batches padded to full size (padding rows are cut after)
+
+def train(model, tensors, cfg, runtime, seed, log):
+    n = tensors["input_ids"].shape[0]
+    per_step = cfg.batch_size * runtime.world_size
+    steps_per_epoch = n // per_step
+    if steps_per_epoch == 0:
+        raise ValueError(f"{n} training sequences are fewer than one global batch ({per_step}); "
+                         f"lower --batch-size")
+    total = steps_per_epoch * cfg.epochs
+    warmup = int(cfg.warmup_fraction * total)
+    ddp_model = runtime.wrap_model(model)
+    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    generator = torch.Generator().manual_seed(seed)  # the same order in every process
+
+    def batches():
+        for _ in range(cfg.epochs):
+            order = torch.randperm(n, generator=generator)
+            for step in range(steps_per_epoch):
+                start = step * per_step + runtime.rank * cfg.batch_size
+                rows = order[start:start + cfg.batch_size]
+                yield {k: v[rows] for k, v in tensors.items()}
+
+    log(f"training: {n} sequences, {total} steps of {per_step} ({steps_per_epoch} per epoch), "
+        f"lr {cfg.lr:g}, warm-up {warmup}")
+    ddp_model.train()
+    stats = torch.zeros(2, device=runtime.device)  # [sum of losses, steps]: read only when logging
+    last_log, last_step = time.time(), 0
+    for step, batch in enumerate(runtime.loader(batches())):
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, warmup, total, cfg.lr)
+        with runtime.autocast():
+            loss = ddp_model(**batch)[-1]
+        loss.backward()
+        runtime.optimizer_step(optimizer, cfg.max_grad_norm)
+        optimizer.zero_grad(set_to_none=True)
+        stats += torch.stack([loss.detach().float(), torch.ones((), device=runtime.device)])
+        if (step + 1) % cfg.log_every and step + 1 != total:
+            continue
+        loss_sum, count = runtime.all_reduce_sum(stats.clone()).tolist()
+        stats.zero_()
+        if not math.isfinite(loss_sum):
+            raise FloatingPointError(f"the loss became {loss_sum / count} by step {step + 1}; try a lower --lr")
+        now = time.time()
+        log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, cfg.lr):.2e} "
+            f"| {(step + 1 - last_step) * per_step / (now - last_log):.1f} seq/s")
+        last_log, last_step = now, step + 1
+    return model
+
+
+@torch.no_grad()
+def predict(model, tensors, batch_size, runtime):
+    """Model outputs for every row of `tensors` (the model's inputs only), in order, as CPU tensors.
+    Every process runs the same number of full batches; rows past the end are padding (attention
+    mask 0) and are dropped after the outputs are gathered."""
+    inputs = {k: tensors[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
+    n = inputs["input_ids"].shape[0]
+    per_step = batch_size * runtime.world_size
+    padded = math.ceil(n / per_step) * per_step
+    inputs = {k: torch.cat([v, v.new_zeros((padded - n, *v.shape[1:]))]) for k, v in inputs.items()}
+    batches = ({k: v[start:start + batch_size] for k, v in inputs.items()}
+               for start in range(runtime.rank * batch_size, padded, per_step))
+    model.eval()
+    outputs = []
+    for batch in runtime.loader(batches):
+        with runtime.autocast():
+            out = model(**batch)[:-1]  # drop the (None) loss
+        outputs.append([o.float().cpu() for o in out])
+    model.train()
+    per_rank = runtime.gather_object(outputs)  # [rank][batch][output]
+    ordered = [per_rank[r][b] for b in range(len(outputs)) for r in range(runtime.world_size)]
+    return [torch.cat(column)[:n] for column in zip(*ordered)]
+
+
+def predict_examples(model, tokenizer, task, examples, settings, batch_size, runtime):
+    tensors, meta = features(task, tokenizer, examples, settings, training=False)
+    return decode(task, examples, tensors, meta, predict(model, tensors, batch_size, runtime), settings)
+
+
+# ----------------------------------------------------------------------------------------------
+# The zero-shot table
+
+def print_table(title, table, log):
+    """table: {language: {metric: value}}; the last row is the average over languages."""
+    metrics = list(next(iter(table.values())))
+    log(title)
+    log(f"{'lang':<10}" + "".join(f"{m:>14}" for m in metrics))
+    for lang, row in table.items():
+        log(f"{lang:<10}" + "".join(f"{row[m]:>14.2f}" for m in metrics))
+
+
+def average(rows):
+    """Mean of each metric over a list of {metric: value}."""
+    return {m: sum(r[m] for r in rows) / len(rows) for m in rows[0]}
+
+
+def run(cfg):
+    runtime = setup_runtime(cfg.device)
+    log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
+    log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
+    log(f"finetune config: {asdict(cfg)}")
+    task = TASKS[cfg.task]
+    settings = {k: getattr(cfg, k) for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
+    tokenizer_file = tokenizer_path(cfg)
+    tokenizer = data.Tokenizer(tokenizer_file)
+
+    train_examples, held_out = split_train(task, read_examples(task, cfg.train), cfg.train_fraction)
+    if cfg.max_train:
+        train_examples = train_examples[:cfg.max_train]
+    train_tensors, _ = features(task, tokenizer, train_examples, settings, training=True)
+    evals = eval_sets(cfg, task, held_out)
+    log(f"{cfg.train}: {len(train_examples)} training examples; evaluating "
+        + ", ".join(f"{name} ({len(examples)})" for name, (_, examples) in evals.items()))
+
+    per_seed = {}
+    for seed in cfg.seeds:
+        torch.manual_seed(seed)  # the head's initialisation and dropout
+        encoder = build_encoder(cfg, log)
+        if tokenizer.vocab_size > encoder.config.vocab_size:
+            raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} pieces, more than the model's "
+                             f"vocab_size {encoder.config.vocab_size}: not the model's tokenizer")
+        model = build_model(task, encoder, cfg.dropout)
+        train(model, train_tensors, cfg, runtime, seed, log)
+        if runtime.is_main:
+            save_finetuned(model, cfg, tokenizer_file, os.path.join(cfg.out_dir, f"seed-{seed}"))
+        per_seed[seed] = {name: score(cfg.task, lang, examples,
+                                      predict_examples(model, tokenizer, task, examples, settings,
+                                                       cfg.eval_batch_size, runtime))
+                          for name, (lang, examples) in evals.items()}
+        per_seed[seed]["average"] = average(list(per_seed[seed].values()))
+        print_table(f"{cfg.task}, seed {seed}", per_seed[seed], log)
+
+    table = {name: average([per_seed[s][name] for s in cfg.seeds]) for name in per_seed[cfg.seeds[0]]}
+    print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, "
+                f"mean over {len(cfg.seeds)} seed(s)", table, log)
+    if runtime.is_main:
+        os.makedirs(cfg.out_dir, exist_ok=True)
+        path = os.path.join(cfg.out_dir, "results.json")
+        with open(path, "w") as f:
+            json.dump({"config": asdict(cfg), "results": table, "per_seed": per_seed}, f, indent=2)
+        log(f"wrote {path}")
+    return table
+
+
+def _launched(index, cfg):  # torch_xla.launch passes the process index first
+    run(cfg)
+
+
+def main(argv=None):
+    cfg = parse_args(argv)
+    if resolve_device(cfg.device) == "xla":
+        import torch_xla
+        torch_xla.launch(_launched, args=(cfg,))  # one process per core/chip
+    else:
+        run(cfg)
+
+
+if __name__ == "__main__":
+    main()
