@@ -349,12 +349,183 @@ def score_files(task, gold_path, predictions_path, lang=None):
 
 
 # ---------------------------------------------------------------------------------------------------
+# The paper's analyses. torch, model.py and data.py are imported where needed, so that the metrics above
+# stay importable with the standard library alone.
+
+def load_masked_lm(path):
+    """A MaskedLM from a pretrain.py checkpoint (torch.save dict with "model" and "config") or from a
+    Hugging Face RemBERT directory."""
+    import torch
+    from model import MaskedLM, ModelConfig
+    if Path(path).is_dir():
+        return MaskedLM.from_hf(path)
+    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(checkpoint, dict) or not {"model", "config"} <= checkpoint.keys():
+        raise DataError(f'{path}: not a pretrain.py checkpoint (needs the keys "model" and "config")')
+    try:
+        model = MaskedLM(ModelConfig(**checkpoint["config"]))
+        model.load_state_dict(checkpoint["model"])
+    except (TypeError, RuntimeError) as e:
+        raise DataError(f"{path}: the weights do not fit the saved config: {e}")
+    return model
+
+
+def mlm_accuracy(model, batches, device="cpu"):
+    """Masked-LM accuracy (percent) and mean cross-entropy over the masked positions of `batches`, dicts as
+    data.MLMLoader yields them (masked_weights 0 marks padding predictions). Table 8 of the paper."""
+    import torch
+    import torch.nn.functional as F
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # correct, summed loss, predictions
+    with torch.no_grad():
+        for batch in batches:
+            batch = {k: v.to(device) for k, v in batch.items()}
+            logits, _ = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
+                              batch["masked_positions"])  # (B, P, V)
+            ids, weights = batch["masked_ids"].flatten(), batch["masked_weights"].flatten().double()
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids, reduction="none")
+            correct = (logits.argmax(-1).flatten() == ids).double()
+            totals += torch.stack([(correct * weights).sum(), (loss * weights).sum(), weights.sum()])
+    correct, loss, count = totals.tolist()  # the one host sync, after the loop
+    if count == 0:
+        raise DataError("no masked positions to score")
+    return {"accuracy": 100.0 * correct / count, "loss": loss / count, "predictions": round(count)}
+
+
+def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128, batch_size=32, device="cpu"):
+    """One vector per sentence and layer: the mean of the sentence's token states without [CLS], [SEP] and
+    padding. `sentences` are token-id lists (truncated to max_len - 2). Returns num_layers + 1 tensors
+    (N, H): the embedding output (after the E_in -> H projection), then each layer's output."""
+    import torch
+    encoder.eval()
+    rows = [[cls_id] + ids[:max_len - 2] + [sep_id] for ids in sentences]
+    for i, row in enumerate(rows):
+        if len(row) == 2:
+            raise DataError(f"sentence {i} has no tokens")
+    per_layer = None
+    with torch.no_grad():
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start:start + batch_size]
+            real = len(chunk)
+            chunk = chunk + [chunk[0]] * (batch_size - real)  # a full batch: one shape for every step
+            input_ids = torch.full((batch_size, max_len), pad_id, dtype=torch.long)
+            attention_mask = torch.zeros(batch_size, max_len, dtype=torch.long)
+            for b, row in enumerate(chunk):
+                input_ids[b, :len(row)] = torch.tensor(row)
+                attention_mask[b, :len(row)] = 1
+            tokens = attention_mask.clone()
+            tokens[:, 0] = 0  # [CLS]
+            tokens[torch.arange(batch_size), attention_mask.sum(1) - 1] = 0  # [SEP]
+            _, states = encoder(input_ids.to(device), attention_mask=attention_mask.to(device),
+                                output_hidden_states=True)
+            weights = tokens.to(device)[:, :, None].float()  # (B, T, 1)
+            means = [((h.float() * weights).sum(1) / weights.sum(1))[:real].cpu() for h in states]  # (B, H)
+            per_layer = means if per_layer is None else [torch.cat(pair) for pair in zip(per_layer, means)]
+    return per_layer
+
+
+def translation_accuracy(source, target, fit, test):
+    """Nearest-neighbour translation accuracy (percent) of one layer (Figure 2's method): the translation
+    vector is the mean of target - source over the `fit` pairs; each `test` source plus that vector
+    retrieves its nearest `test` target by L2 distance, and is right when that is its own translation."""
+    import torch
+    translation = (target[fit] - source[fit]).double().mean(0)
+    distances = torch.cdist(source[test].double() + translation, target[test].double())  # (n_test, n_test)
+    hits = distances.argmin(1) == torch.arange(len(test))
+    return 100.0 * hits.double().mean().item()
+
+
+def translation_probe(encoder, source, target, cls_id, sep_id, pad_id, max_len=128, batch_size=32, seed=0,
+                      device="cpu"):
+    """Per-layer translation accuracy (percent, a list of num_layers + 1) between parallel token-id lists.
+    The pairs are split at random (seeded) into two halves: the translation vector is fitted on one and the
+    accuracy measured on the other, so the vector never saw the pairs it retrieves."""
+    import torch
+    if len(source) != len(target):
+        raise DataError(f"{len(source)} source sentences but {len(target)} target sentences")
+    if len(source) < 4:
+        raise DataError(f"the probe needs at least 4 sentence pairs, got {len(source)}")
+    order = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))
+    fit, test = order[:len(order) // 2], order[len(order) // 2:]
+    embed = lambda sentences: sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len,
+                                                  batch_size, device)
+    return [translation_accuracy(s, t, fit, test) for s, t in zip(embed(source), embed(target))]
+
+
+def read_parallel(source_path, target_path, unit="questions"):
+    """Parallel sentences: two SQuAD-format JSON files (XQuAD: the same question ids and paragraph order in
+    every language), paired by question id or paragraph position; or two line-parallel text files."""
+    if Path(source_path).suffix != ".json":
+        source, target = _lines(source_path), _lines(target_path)
+        if len(source) != len(target):
+            raise DataError(f"{source_path} has {len(source)} lines but {target_path} has {len(target)}")
+        for path, lines in ((source_path, source), (target_path, target)):
+            for line, text in enumerate(lines, 1):
+                if not text.strip():
+                    raise DataError(f"{path}:{line}: empty line")
+        return source, target
+    sides = []
+    for path in (source_path, target_path):
+        data = read_json(path)
+        if not isinstance(data, dict) or "data" not in data:
+            raise DataError(f'{path}: not SQuAD-format JSON (no top-level "data")')
+        paragraphs = [p for article in data["data"] for p in article["paragraphs"]]
+        if unit == "contexts":
+            sides.append({tuple(qa["id"] for qa in p["qas"]): p["context"] for p in paragraphs})
+        else:
+            sides.append({qa["id"]: qa["question"] for p in paragraphs for qa in p["qas"]})
+    if sides[0].keys() != sides[1].keys():
+        raise DataError(f"{source_path} and {target_path} are not parallel: their question ids differ")
+    return list(sides[0].values()), [sides[1][key] for key in sides[0]]
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def load_encoder(path):
+    """The Encoder of a pretrain.py checkpoint (the MLM head and pre-training-only layers dropped) or of a
+    Hugging Face RemBERT directory."""
+    from model import Encoder
+    return Encoder.from_hf(path) if Path(path).is_dir() else load_masked_lm(path).encoder
+
+
+def run_mlm_accuracy(args):
+    from data import MLMLoader, Tokenizer
+    from pretrain import setup_runtime
+    device = setup_runtime(args.device).device
+    model = load_masked_lm(args.checkpoint).to(device)
+    loader = MLMLoader(args.data, Tokenizer(args.tokenizer), batch_size=args.batch_size, seq_len=args.seq_len,
+                       max_predictions=args.max_predictions, rank=0, world_size=1, seed=args.seed)
+    result = mlm_accuracy(model, loader, device)
+    print(json.dumps({"checkpoint": args.checkpoint, "data": args.data, **result}))
+
+
+def run_translation_probe(args):
+    from data import Tokenizer
+    from pretrain import setup_runtime
+    device = setup_runtime(args.device).device
+    tokenizer = Tokenizer(args.tokenizer)
+    source, target = read_parallel(args.source, args.target, args.unit)
+    encoder = load_encoder(args.checkpoint).to(device)
+    print(f"{len(source)} parallel {args.unit if args.source.endswith('.json') else 'lines'}: {args.source} -> "
+          f"{args.target}; translation vector fitted on {len(source) // 2}, "
+          f"retrieval among the other {len(source) - len(source) // 2}", file=sys.stderr)
+    accuracies = translation_probe(encoder, [tokenizer.encode(t) for t in source],
+                                   [tokenizer.encode(t) for t in target], tokenizer.cls_id, tokenizer.sep_id,
+                                   tokenizer.pad_id, args.max_len, args.batch_size, args.seed, device)
+    print("layer  accuracy")
+    for layer, value in enumerate(accuracies):
+        print(f"{layer:>5}  {value:8.2f}")
+    print(json.dumps({"checkpoint": args.checkpoint, "source": args.source, "target": args.target,
+                      "pairs": len(source), "accuracy_per_layer": accuracies}))
+
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    score = commands.add_parser("score", help="score a prediction file against a gold file; prints one JSON object")
+    score = commands.add_parser("score", allow_abbrev=False,
+                                help="score a prediction file against a gold file; prints one JSON object")
     score.add_argument("--task", required=True, choices=TASKS)
     score.add_argument("--lang", help="language code; required for mlqa (selects MLQA's answer normalization: "
                                       f"{', '.join(MLQA_LANGUAGES)}), otherwise only echoed in the output")
@@ -362,12 +533,46 @@ def main(argv=None):
                                                      "token<TAB>label; xquad/mlqa/tydiqa: SQuAD-format JSON")
     score.add_argument("--predictions", required=True, help="xnli/pawsx: one label per line; panx/udpos: "
                                                             "token<TAB>label; QA: JSON {question id: answer text}")
+
+    mlm = commands.add_parser("mlm-accuracy", allow_abbrev=False,
+                              help="masked-LM accuracy on held-out text (Table 8); prints one JSON object")
+    mlm.add_argument("--checkpoint", required=True, help="a pretrain.py checkpoint or a Hugging Face RemBERT dir")
+    mlm.add_argument("--data", required=True, help="held-out text: a file or a directory of *.txt, one sentence "
+                                                   "or document per line (as pretrain.py --data)")
+    mlm.add_argument("--tokenizer", required=True, help="the SentencePiece model the checkpoint was trained with")
+    mlm.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
+    mlm.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence (default: 20)")
+    mlm.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: 32)")
+    mlm.add_argument("--seed", type=int, default=0, help="seed of the masking (default: 0)")
+    mlm.add_argument("--device", default="auto", help="auto | cpu | cuda | xla (default: auto)")
+
+    xquad = Path(__file__).resolve().parent.parent / "shared" / "data" / "xquad"
+    probe = commands.add_parser("translation-probe", allow_abbrev=False,
+                                help="per-layer nearest-neighbour translation accuracy (Figure 2's method)")
+    probe.add_argument("--checkpoint", required=True, help="a pretrain.py checkpoint or a Hugging Face RemBERT dir")
+    probe.add_argument("--tokenizer", required=True, help="the SentencePiece model the checkpoint was trained with")
+    probe.add_argument("--source", default=str(xquad / "xquad.en.json"),
+                       help="source sentences: SQuAD-format JSON, or a text file line-parallel to --target "
+                            "(default: XQuAD en in ../shared/data)")
+    probe.add_argument("--target", default=str(xquad / "xquad.de.json"),
+                       help="target sentences, parallel to --source (default: XQuAD de in ../shared/data)")
+    probe.add_argument("--unit", choices=("questions", "contexts"), default="questions",
+                       help="for JSON: pair the questions (by id) or the contexts (default: questions)")
+    probe.add_argument("--max-len", type=int, default=128, help="tokens per sentence, with [CLS] and [SEP] "
+                                                                "(default: 128)")
+    probe.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
+    probe.add_argument("--seed", type=int, default=0, help="seed of the fit/test split of the pairs (default: 0)")
+    probe.add_argument("--device", default="auto", help="auto | cpu | cuda | xla (default: auto)")
     args = parser.parse_args(argv)
 
     try:
         if args.command == "score":
             result = score_files(args.task, args.gold, args.predictions, args.lang)
             print(json.dumps({"task": args.task, "lang": args.lang, **result}))
+        elif args.command == "mlm-accuracy":
+            run_mlm_accuracy(args)
+        else:
+            run_translation_probe(args)
     except (DataError, OSError) as e:
         sys.exit(f"evaluate.py: error: {e}")
 

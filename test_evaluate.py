@@ -478,3 +478,131 @@ def test_score_real_xquad_gold_answers(capsys, tmp_path):
     predictions = {qa["id"]: qa["answers"][0]["text"] for a in data for p in a["paragraphs"] for qa in p["qas"]}
     result = run_score(capsys, "xquad", gold, write(tmp_path / "p.json", json.dumps(predictions)))
     assert (result["exact_match"], result["f1"], result["total"]) == (100.0, 100.0, 1190)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The paper's analyses, on a tiny random model
+
+def tiny_config(**changes):
+    from model import ModelConfig
+    return ModelConfig(**{**dict(vocab_size=60, hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64,
+                                 input_embedding_size=16, output_embedding_size=24, max_position_embeddings=64),
+                          **changes})
+
+
+def random_sentences(n, seed, low=5, high=60):
+    rng = random.Random(seed)
+    return [[rng.randrange(low, high) for _ in range(rng.randint(1, 12))] for _ in range(n)]
+
+
+def test_sentence_embeddings_mean_over_real_tokens_only():
+    import torch
+    from model import Encoder
+    torch.manual_seed(0)
+    encoder = Encoder(tiny_config())
+    sentences = random_sentences(5, 0)
+    batched = evaluate.sentence_embeddings(encoder, sentences, cls_id=1, sep_id=2, pad_id=0, max_len=16,
+                                           batch_size=3)
+    assert len(batched) == 3 and all(layer.shape == (5, 32) for layer in batched)
+    for i, ids in enumerate(sentences):  # each sentence alone, no padding: the mean of states 1 .. T-2
+        _, states = encoder.eval()(torch.tensor([[1] + ids + [2]]), output_hidden_states=True)
+        for layer, h in enumerate(states):
+            torch.testing.assert_close(batched[layer][i], h[0, 1:-1].mean(0), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="sentence 1 has no tokens"):
+        evaluate.sentence_embeddings(encoder, [[5], []], 1, 2, 0)
+
+
+def test_translation_accuracy_hand_worked():
+    import torch
+    source = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [5.0, 5.0], [6.0, 5.0], [5.0, 6.0]])
+    shift = torch.tensor([10.0, -3.0])
+    target = source + shift
+    fit, test = torch.tensor([0, 1, 2]), torch.tensor([3, 4, 5])
+    assert evaluate.translation_accuracy(source, target, fit, test) == 100.0
+    # The fitted vector (0, 0.9) misses the test pairs' shift (-0.6, 0). Test targets: (4.4, 5), (5.4, 5),
+    # (4.4, 6); queries (5, 5.9), (6, 5.9), (5, 6.9) have squared distances (1.17, 0.97, 0.37),
+    # (3.37, 1.17, 2.57), (3.97, 3.77, 1.17): the first retrieves the third target, the others their own.
+    wrong = source.clone()
+    wrong[:3] += torch.tensor([0.0, 0.9])
+    wrong[3:] += torch.tensor([-0.6, 0.0])
+    assert evaluate.translation_accuracy(source, wrong, fit, test) == pytest.approx(200.0 / 3)
+
+
+def test_translation_probe_identical_text_is_perfect_at_every_layer():
+    import torch
+    from model import Encoder
+    torch.manual_seed(0)
+    config = tiny_config(num_layers=3)
+    sentences = random_sentences(20, 1)
+    accuracies = evaluate.translation_probe(Encoder(config), sentences, sentences, 1, 2, 0, max_len=16,
+                                            batch_size=8)
+    assert accuracies == [100.0] * (config.num_layers + 1)
+
+
+def test_translation_probe_shuffled_targets_fail():
+    import torch
+    from model import Encoder
+    torch.manual_seed(0)
+    sentences = random_sentences(40, 2)
+    # Target i is an unrelated sentence: chance level is 1 in 20 at every layer.
+    accuracies = evaluate.translation_probe(Encoder(tiny_config()), sentences, sentences[1:] + sentences[:1],
+                                            1, 2, 0, max_len=16, batch_size=8)
+    assert len(accuracies) == 3 and max(accuracies) <= 25.0
+    with pytest.raises(ValueError, match="at least 4"):
+        evaluate.translation_probe(Encoder(tiny_config()), sentences[:3], sentences[:3], 1, 2, 0)
+
+
+def test_mlm_accuracy_matches_a_direct_computation():
+    import torch
+    from model import MaskedLM
+    torch.manual_seed(0)
+    model = MaskedLM(tiny_config(pretraining_only_layers=1)).eval()
+    B, T, P = 3, 10, 4
+    input_ids = torch.randint(5, 60, (B, T))
+    masked_positions = torch.randint(1, T, (B, P))
+    masked_ids = torch.randint(5, 60, (B, P))
+    weights = torch.ones(B, P)
+    weights[2, 2:] = 0.0  # padding predictions
+    logits, _ = model(input_ids)  # (B, T, V) at every position
+    picked = logits[torch.arange(B)[:, None], masked_positions]  # (B, P, V)
+    masked_ids[0, :2] = picked[0, :2].argmax(-1)  # make a few predictions right
+    right = (picked.argmax(-1) == masked_ids).float()
+    expected = 100.0 * (right * weights).sum().item() / weights.sum().item()
+    batch = {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids),
+             "attention_mask": torch.ones_like(input_ids), "masked_positions": masked_positions,
+             "masked_ids": masked_ids, "masked_weights": weights}
+    result = evaluate.mlm_accuracy(model, [batch, batch])
+    assert result["predictions"] == 2 * 10 and result["accuracy"] == pytest.approx(expected)
+    assert result["accuracy"] >= 100.0 * 2 / 10
+    _, loss = model(**batch)
+    assert result["loss"] == pytest.approx(loss.item(), rel=1e-5)
+
+
+def test_load_masked_lm_checkpoint(tmp_path):
+    import torch
+    from dataclasses import asdict
+    from model import MaskedLM
+    model = MaskedLM(tiny_config())
+    torch.save({"model": model.state_dict(), "config": asdict(model.config), "step": 1}, tmp_path / "ckpt.pt")
+    loaded = evaluate.load_masked_lm(tmp_path / "ckpt.pt")
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor)
+    torch.save({"model": model.state_dict(), "config": asdict(tiny_config(hidden_size=16))}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="bad.pt: the weights do not fit"):
+        evaluate.load_masked_lm(tmp_path / "bad.pt")
+    torch.save({"model": model.state_dict()}, tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="not a pretrain.py checkpoint"):
+        evaluate.load_masked_lm(tmp_path / "bad.pt")
+
+
+def test_read_parallel(tmp_path):
+    source, target = DATA / "xquad" / "xquad.en.json", DATA / "xquad" / "xquad.de.json"
+    if not source.exists():
+        pytest.skip("../shared/data is absent")
+    questions = evaluate.read_parallel(source, target)
+    assert len(questions[0]) == len(questions[1]) == 1190
+    contexts = evaluate.read_parallel(source, target, unit="contexts")
+    assert len(contexts[0]) == 240 and contexts[0][0].startswith("The Panthers defense")
+    lines = write(tmp_path / "a.txt", "one\ntwo\n"), write(tmp_path / "b.txt", "eins\n")
+    with pytest.raises(ValueError, match="2 lines but"):
+        evaluate.read_parallel(*lines)
