@@ -11,12 +11,19 @@ scripts' figures to the last digit (figures in percent, as those scripts print t
   mlqa                 exact match / F1 of the MLQA script (mlqa_evaluation_v1.py): per-language answer
                        normalization
 
-Commands (CPU; every command also runs unchanged on a GPU machine):
+It also runs the paper's analyses of a pre-trained model: masked-LM accuracy on held-out text (Table 8) and,
+per layer, nearest-neighbour translation accuracy between parallel sentences (Section 6, Figure 2).
+
+Scoring (prints one JSON object; figures in percent):
   python evaluate.py score --task xquad --gold ../shared/data/xquad/xquad.de.json --predictions pred.json
   python evaluate.py score --task mlqa --lang zh --gold dev-context-zh-question-zh.json --predictions pred.json
   python evaluate.py score --task panx --gold test-de.tsv --predictions pred-de.tsv
   python evaluate.py score --task xnli --gold dev-de.tsv --predictions pred-de.txt
-`score` prints one JSON object.
+Analyses (single process; --device auto picks a GPU when torch sees one, PJRT_DEVICE=TPU selects a TPU):
+  python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-300.pt --tokenizer out/tokenizer/spm.model \
+      --data held_out.txt
+  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-300.pt --tokenizer out/tokenizer/spm.model \
+      --source ../shared/data/xquad/xquad.en.json --target ../shared/data/xquad/xquad.zh.json
 """
 
 import argparse
@@ -41,9 +48,6 @@ TAGGING_LABELS = {
     "udpos": ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
               "PUNCT", "SCONJ", "SYM", "VERB", "X"),
 }
-# The figure each task reports in the paper's tables (XTREME's choice; for QA the paper prints F1 / EM).
-MAIN_METRIC = {"xnli": "accuracy", "pawsx": "accuracy", "panx": "f1", "udpos": "accuracy",
-               "xquad": "f1", "mlqa": "f1", "tydiqa": "f1"}
 
 
 class DataError(ValueError):
@@ -131,7 +135,7 @@ def qa_scores(dataset, predictions, lang=None):
     normalize = squad_normalize if lang is None else (lambda text: mlqa_normalize(text, lang))
     exact_match = f1 = total = unanswered = 0
     seen = set()
-    for qa, where in _questions(dataset):
+    for qa in _questions(dataset):
         total += 1
         seen.add(qa["id"])
         if qa["id"] not in predictions:
@@ -149,7 +153,7 @@ def qa_scores(dataset, predictions, lang=None):
 
 
 def _questions(dataset):
-    """Yields (qa, field path) for every question, checking the SQuAD structure on the way."""
+    """Every question of a SQuAD-format "data" list, checking the structure on the way."""
     if not isinstance(dataset, list):
         raise DataError('"data" must be a list of articles')
     for a, article in enumerate(dataset):
@@ -168,7 +172,7 @@ def _questions(dataset):
                 for i, answer in enumerate(answers):
                     if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
                         raise DataError(f'{where}.answers[{i}] needs a string "text"')
-                yield qa, where
+                yield qa
 
 
 # ---------------------------------------------------------------------------------------------------
