@@ -14,6 +14,9 @@ scripts' figures to the last digit (figures in percent, as those scripts print t
 It also runs the paper's analyses of a pre-trained model: masked-LM accuracy on held-out text (Table 8) and,
 per layer, nearest-neighbour translation accuracy between parallel sentences (Section 6, Figure 2).
 
+Predicting with a model that finetune.py saved, in the formats that `score` reads:
+  python evaluate.py predict --model out/finetune/seed-0 --task xquad --input ../shared/data/xquad/xquad.de.json \
+      --output pred.json
 Scoring (prints one JSON object; figures in percent):
   python evaluate.py score --task xquad --gold ../shared/data/xquad/xquad.de.json --predictions pred.json
   python evaluate.py score --task mlqa --lang zh --gold dev-context-zh-question-zh.json --predictions pred.json
@@ -567,10 +570,22 @@ def main(argv=None):
     probe.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
     probe.add_argument("--seed", type=int, default=0, help="seed of the fit/test split of the pairs (default: 0)")
     probe.add_argument("--device", default="auto", help="auto | cpu | cuda | xla (default: auto)")
+    predict = commands.add_parser("predict", allow_abbrev=False,
+                                  help="predict with a model saved by finetune.py, in the format `score` reads")
+    predict.add_argument("--model", required=True, help="a directory finetune.py saved (e.g. out/finetune/seed-0)")
+    predict.add_argument("--task", required=True, choices=TASKS)
+    predict.add_argument("--input", required=True, help="a file in the task's format (as --gold of `score`)")
+    predict.add_argument("--output", required=True, help="xnli/pawsx: one label per line; panx/udpos: "
+                                                         "token<TAB>label; QA: JSON {question id: answer text}")
+    predict.add_argument("--batch-size", type=int, default=64, help="sequences per batch (default: 64)")
+    predict.add_argument("--device", default="auto", help="auto | cpu | cuda | xla (default: auto)")
     args = parser.parse_args(argv)
 
     try:
-        if args.command == "score":
+        if args.command == "predict":
+            import finetune  # torch and the model: only this command needs them
+            finetune.predict_file(args.model, args.task, args.input, args.output, args.device, args.batch_size)
+        elif args.command == "score":
             result = score_files(args.task, args.gold, args.predictions, args.lang)
             print(json.dumps({"task": args.task, "lang": args.lang, **result}))
         elif args.command == "mlm-accuracy":

@@ -377,6 +377,27 @@ def predict_examples(model, tokenizer, task, examples, settings, batch_size, run
     return decode(task, examples, tensors, meta, predict(model, tensors, batch_size, runtime), settings)
 
 
+def predict_file(model_dir, task_name, input_path, output_path, device="auto", batch_size=64):
+    """`evaluate.py predict`: predict on any file of the task's format with a model saved by
+    `save_finetuned`, and write the official prediction format: one label per line (xnli, pawsx),
+    token<TAB>label with a blank line between sentences (panx, udpos), {question id: answer} (QA)."""
+    model, tokenizer, info = load_finetuned(model_dir)
+    task = TASKS[task_name]
+    if task.kind != TASKS[info["task"]].kind:  # a QA model may answer any QA task (SQuAD -> MLQA)
+        raise ValueError(f"{model_dir} was fine-tuned for {info['task']}, which cannot predict {task_name}")
+    runtime = setup_runtime(device)
+    examples = read_examples(task, input_path)
+    predictions = predict_examples(model.to(runtime.device), tokenizer, task, examples, info, batch_size, runtime)
+    with open(output_path, "w", encoding="utf-8") as f:
+        if task.kind == "qa":
+            json.dump({e.id: p for e, p in zip(examples, predictions)}, f, ensure_ascii=False)
+        elif task.kind == "tagging":
+            f.write("\n".join("".join(f"{token}\t{tag}\n" for token, tag in zip(e.tokens, tags))
+                              for e, tags in zip(examples, predictions)))
+        else:
+            f.write("".join(label + "\n" for label in predictions))
+
+
 # ----------------------------------------------------------------------------------------------
 # The zero-shot table
 
@@ -421,14 +442,16 @@ def run(cfg):
                              f"vocab_size {encoder.config.vocab_size}: not the model's tokenizer")
         model = build_model(task, encoder, cfg.dropout)
         train(model, train_tensors, cfg, runtime, seed, log)
-        if runtime.is_main:
-            save_finetuned(model, cfg, tokenizer_file, os.path.join(cfg.out_dir, f"seed-{seed}"))
         per_seed[seed] = {name: score(cfg.task, lang, examples,
                                       predict_examples(model, tokenizer, task, examples, settings,
                                                        cfg.eval_batch_size, runtime))
                           for name, (lang, examples) in evals.items()}
         per_seed[seed]["average"] = average(list(per_seed[seed].values()))
         print_table(f"{cfg.task}, seed {seed}", per_seed[seed], log)
+        if runtime.is_main:
+            path = os.path.join(cfg.out_dir, f"seed-{seed}")
+            save_finetuned(model.cpu(), cfg, tokenizer_file, path)
+            log(f"saved the fine-tuned model to {path}")
 
     table = {name: average([per_seed[s][name] for s in cfg.seeds]) for name in per_seed[cfg.seeds[0]]}
     print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, "
