@@ -1,0 +1,216 @@
+"""Tests for finetune.py: Hugging Face RemBERT directories load into every task type and export back
+to transformers with the same outputs; tiny zero-shot runs on the shared data produce the
+per-language table and results.json; --keep-layers; --train-fraction holds out what it trains on;
+the saved model predicts with `evaluate.py predict`, and `evaluate.py score` reproduces the table."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import evaluate
+import finetune
+from data import train_tokenizer
+
+REPO = Path(__file__).parent
+SHARED = REPO.parent / "shared" / "data"
+VOCAB = 600  # SentencePiece pieces, and the HF model's vocab_size
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
+
+# A few lines in each task's format, for the tests that must not depend on ../shared/data.
+PAIRS = ["The cat sat on the mat.\tA cat is sitting.\tentailment",
+         "The dog barked loudly.\tThe dog was silent.\tcontradiction",
+         "She went to the market.\tShe bought apples.\tneutral",
+         "It rained all day.\tThe ground was wet.\tentailment"] * 2
+TAGGED = "Angela\tB-PER\nMerkel\tI-PER\nvisited\tO\nParis\tB-LOC\n\nThe\tO\nUnited\tB-ORG\nNations\tI-ORG\nmet\tO\n"
+SQUAD = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{
+    "context": "The Eiffel Tower is in Paris. It was built in 1889 by Gustave Eiffel.",
+    "qas": [{"id": f"q{i}", "question": q, "answers": [{"answer_start": start, "text": text}]}
+            for i, (q, start, text) in enumerate([("Where is the Eiffel Tower?", 23, "Paris"),
+                                                   ("When was it built?", 46, "1889"),
+                                                   ("Who built it?", 54, "Gustave Eiffel"),
+                                                   ("What is in Paris?", 0, "The Eiffel Tower")])]}]}]}
+SMALL_ARGS = ["--epochs", "1", "--batch-size", "2", "--eval-batch-size", "3", "--seq-len", "48",
+              "--doc-stride", "16", "--max-query-length", "16", "--lr", "1e-3", "--device", "cpu", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tasks")
+    (root / "pairs-en.tsv").write_text("\n".join(PAIRS) + "\n")
+    (root / "tags-en.tsv").write_text(TAGGED)
+    (root / "squad-en.json").write_text(json.dumps(SQUAD))
+    text = [line.replace("\t", " ") for line in PAIRS] + [SQUAD["data"][0]["paragraphs"][0]["context"]]
+    text += [qa["question"] for qa in SQUAD["data"][0]["paragraphs"][0]["qas"]]
+    text += [" ".join(line.split("\t")[0] for line in TAGGED.split("\n") if line)]
+    if SHARED.is_dir():  # the shared data's scripts, so that the end-to-end runs see few unknown pieces
+        for path in ["xnli/dev-en.tsv", "xnli/dev-de.tsv", "pawsx/dev-en.tsv", "ner/panx/train-en.tsv",
+                     "ner/panx/dev-de.tsv"]:
+            text += (SHARED / path).read_text().split("\n")[:300]
+        for lang in ("en", "de"):
+            squad = json.loads((SHARED / "xquad" / f"xquad.{lang}.json").read_text())
+            text += [p["context"] for a in squad["data"][:3] for p in a["paragraphs"]]
+    (root / "corpus.txt").write_text("\n".join(text) + "\n")
+    spm = train_tokenizer([str(root / "corpus.txt")], VOCAB, str(root / "spm"))
+    return root, spm
+
+
+@pytest.fixture(scope="module")
+def hf_dir(files, tmp_path_factory):
+    """transformers' RemBertModel with random weights and a small config, as save_pretrained writes it,
+    with the test's SentencePiece model beside it (as google/rembert ships one)."""
+    transformers = pytest.importorskip("transformers")
+    _, spm = files
+    config = transformers.RemBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                        intermediate_size=64, input_embedding_size=16, output_embedding_size=48,
+                                        max_position_embeddings=128, hidden_dropout_prob=0.0,
+                                        attention_probs_dropout_prob=0.0)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("hf")
+    transformers.RemBertModel(config).save_pretrained(path)
+    (path / "sentencepiece.model").write_bytes(Path(spm).read_bytes())
+    return path
+
+
+def run(*args):
+    return finetune.run(finetune.parse_args([str(a) for a in args]))
+
+
+@pytest.mark.parametrize("task,train_file,head", [
+    ("xnli", "pairs-en.tsv", "RemBertForSequenceClassification"),
+    ("panx", "tags-en.tsv", "RemBertForTokenClassification"),
+    ("xquad", "squad-en.json", "RemBertForQuestionAnswering"),
+])
+def test_hf_directory_finetunes_and_exports_to_transformers(task, train_file, head, files, hf_dir, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    root, _ = files
+    table = run("--task", task, "--init", hf_dir, "--train", root / train_file, "--eval", root / train_file,
+                "--out-dir", tmp_path, *SMALL_ARGS)
+    assert list(table) == ["en", "average"]
+    ids = torch.randint(5, VOCAB, (2, 12))
+    mask = torch.ones_like(ids)
+    # The encoder fine-tuning starts from is the HF model...
+    args = finetune.parse_args(["--task", task, "--init", str(hf_dir), "--train", "unused"])
+    encoder = finetune.build_encoder(args, print).eval()
+    reference = transformers.RemBertModel.from_pretrained(hf_dir).eval()
+    torch.testing.assert_close(encoder(ids, attention_mask=mask), reference(ids, attention_mask=mask).last_hidden_state,
+                               atol=1e-5, rtol=1e-5)
+    # ...and the saved fine-tuned model is transformers' task model, with the same outputs.
+    model, tokenizer, info = finetune.load_finetuned(tmp_path / "seed-0")
+    assert info["task"] == task and tokenizer.vocab_size <= VOCAB
+    hf_model = getattr(transformers, head).from_pretrained(tmp_path / "seed-0").eval()
+    ours = model.eval()(ids, torch.zeros_like(ids), mask)
+    theirs = hf_model(input_ids=ids, attention_mask=mask)
+    expected = (theirs.logits,) if task != "xquad" else (theirs.start_logits, theirs.end_logits)
+    for a, b in zip(ours[:-1], expected):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_keep_layers_drops_the_last_layers(files, hf_dir, tmp_path):
+    root, _ = files
+    run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
+        "--keep-layers", "1", "--out-dir", tmp_path, *SMALL_ARGS)
+    model, _, _ = finetune.load_finetuned(tmp_path / "seed-0")
+    assert len(model.encoder.layers) == 1
+    assert json.loads((tmp_path / "seed-0" / "config.json").read_text())["num_hidden_layers"] == 1
+    with pytest.raises(ValueError, match="--keep-layers 3: the encoder has 2 layers"):
+        run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
+            "--keep-layers", "3", "--out-dir", tmp_path, *SMALL_ARGS)
+
+
+def test_command_line_errors_are_clear(files, capsys):
+    root, spm = files
+    with pytest.raises(SystemExit):
+        finetune.parse_args(["--task", "xnli", "--train", "x.tsv"])  # neither --init nor --config
+    assert "pass exactly one of --init" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        finetune.parse_args(["--task", "xnli", "--config", "tiny", "--train", "x", "--keep-layer", "1"])
+    with pytest.raises(ValueError, match="cannot tell the language"):
+        run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", root / "corpus.txt", *SMALL_ARGS)
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny zero-shot runs on the shared data: English training data, every other language evaluated
+
+@needs_shared
+def test_xnli_zero_shot_holds_out_the_training_lines(files, tmp_path):
+    _, spm = files
+    xnli = SHARED / "xnli"
+    run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", xnli / "dev-en.tsv",
+        "--train-fraction", "0.99", "--max-train", "8", "--eval", *(xnli / f"dev-{lang}.tsv" for lang in ("en", "de", "zh")),
+        "--out-dir", tmp_path, "--seeds", "1", "2", *SMALL_ARGS)
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert list(results["results"]) == ["en", "de", "zh", "average"]
+    assert set(results["per_seed"]) == {"1", "2"}
+    # The held-out tail: 1002 lines, the first ceil(0.99 * 1002) = 992 trained on, 10 evaluated.
+    for lang in ("en", "de", "zh"):
+        per_seed = [results["per_seed"][s][lang]["accuracy"] for s in ("1", "2")]
+        assert results["results"][lang]["accuracy"] == pytest.approx(sum(per_seed) / 2)
+        assert all(a * 10 / 100 == pytest.approx(round(a * 10 / 100)) for a in per_seed)  # k of 10 correct
+    assert results["results"]["average"]["accuracy"] == pytest.approx(
+        sum(results["results"][lang]["accuracy"] for lang in ("en", "de", "zh")) / 3)
+
+
+@needs_shared
+def test_panx_zero_shot_predict_score_round_trip(files, tmp_path, capsys):
+    _, spm = files
+    panx = SHARED / "ner" / "panx"
+    gold = tmp_path / "gold-de.tsv"  # the first 20 German sentences, to score the prediction file against
+    gold.write_text("\n\n".join((panx / "dev-de.tsv").read_text().split("\n\n")[:20]) + "\n")
+    table = run("--task", "panx", "--config", "tiny", "--tokenizer", spm, "--train", panx / "train-en.tsv",
+                "--max-train", "16", "--eval", panx / "dev-en.tsv", f"de={gold}", "--max-eval", "20",
+                "--out-dir", tmp_path / "run", *SMALL_ARGS)
+    assert list(table) == ["en", "de", "average"] and set(table["de"]) == {"f1", "precision", "recall"}
+    out = capsys.readouterr().out
+    assert "average" in out and "precision" in out
+    prediction = tmp_path / "pred-de.tsv"
+    evaluate.main(["predict", "--model", str(tmp_path / "run" / "seed-0"), "--task", "panx", "--input", str(gold),
+                   "--output", str(prediction)])
+    capsys.readouterr()
+    evaluate.main(["score", "--task", "panx", "--gold", str(gold), "--predictions", str(prediction)])
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["f1"] == pytest.approx(table["de"]["f1"])
+
+
+@needs_shared
+def test_xquad_zero_shot_on_held_out_articles_and_round_trip(files, tmp_path, capsys):
+    _, spm = files
+    xquad = SHARED / "xquad"
+    langs = ("en", "de", "zh")
+    table = run("--task", "xquad", "--config", "tiny", "--tokenizer", spm, "--train", xquad / "xquad.en.json",
+                "--train-fraction", "0.5", "--max-train", "16", "--max-eval", "12",
+                "--eval", *(xquad / f"xquad.{lang}.json" for lang in langs), "--out-dir", tmp_path / "run",
+                *SMALL_ARGS)
+    assert list(table) == [*langs, "average"] and set(table["de"]) == {"f1", "exact_match"}
+    # predict -> score on the German file, restricted to the held-out questions that the table scored
+    squad = json.loads((xquad / "xquad.de.json").read_text())
+    held_out = {"version": "1.1", "data": squad["data"][24:]}
+    paragraphs = [p for a in held_out["data"] for p in a["paragraphs"]]
+    kept, n = [], 0
+    for p in paragraphs:
+        qas = p["qas"][:max(0, 12 - n)]
+        n += len(qas)
+        if qas:
+            kept.append({**p, "qas": qas})
+    gold = tmp_path / "gold-de.json"
+    gold.write_text(json.dumps({"version": "1.1", "data": [{"title": "held out", "paragraphs": kept}]}))
+    prediction = tmp_path / "pred-de.json"
+    evaluate.main(["predict", "--model", str(tmp_path / "run" / "seed-0"), "--task", "xquad", "--input", str(gold),
+                   "--output", str(prediction)])
+    assert set(json.loads(prediction.read_text())) == {qa["id"] for p in kept for qa in p["qas"]}
+    capsys.readouterr()
+    evaluate.main(["score", "--task", "xquad", "--gold", str(gold), "--predictions", str(prediction)])
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["f1"] == pytest.approx(table["de"]["f1"]) and scored["exact_match"] == pytest.approx(table["de"]["exact_match"])
+
+
+def test_script_help_documents_every_flag():
+    out = subprocess.run([sys.executable, "finetune.py", "--help"], cwd=REPO, capture_output=True, text=True,
+                         check=True).stdout
+    for f in finetune.FinetuneConfig.__dataclass_fields__:
+        assert "--" + f.replace("_", "-") in out
+    assert "torchrun" in out and "PJRT_DEVICE=TPU" in out
