@@ -214,3 +214,58 @@ def test_script_help_documents_every_flag():
     for f in finetune.FinetuneConfig.__dataclass_fields__:
         assert "--" + f.replace("_", "-") in out
     assert "torchrun" in out and "PJRT_DEVICE=TPU" in out
+
+
+class FakeRuntime:
+    """One process of `world_size` on CPU; gather_object returns every rank's object, the others'
+    taken from `peers` (what those ranks produced), so a multi-process evaluation runs in one."""
+
+    def __init__(self, rank, world_size, peers):
+        self.rank, self.world_size, self.peers, self.device = rank, world_size, peers, torch.device("cpu")
+
+    def loader(self, batches):
+        return iter(batches)
+
+    def autocast(self):
+        return torch.autocast("cpu", enabled=False)
+
+    def gather_object(self, obj):
+        self.peers[self.rank] = obj
+        return [self.peers.get(r, obj) for r in range(self.world_size)]  # a missing peer: a stand-in
+
+
+def test_predict_pads_to_full_batches_and_reassembles_the_processes_rows_in_order():
+    calls = []
+
+    class Model(torch.nn.Module):  # output = first input id of each row; records the batch shapes
+        def forward(self, input_ids, token_type_ids, attention_mask):
+            calls.append(tuple(input_ids.shape))
+            return input_ids[:, 0].float(), None
+
+    n = 11
+    tensors = {"input_ids": torch.arange(1, n + 1)[:, None].repeat(1, 4), "token_type_ids": torch.zeros(n, 4),
+               "attention_mask": torch.ones(n, 4), "labels": torch.zeros(n)}
+    single = finetune.predict(Model(), tensors, 3, FakeRuntime(0, 1, {}))[0]
+    assert single.tolist() == list(range(1, n + 1)) and set(calls) == {(3, 4)}
+    peers = {}
+    rank1 = FakeRuntime(1, 2, peers)
+    finetune.predict(Model(), tensors, 3, rank1)  # rank 1 first: its rows are what rank 0 gathers
+    assert len(peers[1]) == 2  # 11 rows -> 2 steps of 2 processes x 3 rows (1 padding row)
+    both = finetune.predict(Model(), tensors, 3, FakeRuntime(0, 2, peers))[0]
+    assert both.tolist() == single.tolist()
+    assert set(calls) == {(3, 4)}  # static shapes: every batch full
+
+
+def test_train_fraction_holds_out_whole_articles_or_the_tail():
+    task = finetune.TASKS["xquad"]
+
+    class Q:
+        def __init__(self, id, article):
+            self.id, self.article = id, article
+
+    examples = [Q(f"q{i}", i // 3) for i in range(12)]  # 4 articles of 3 questions
+    train, held_out = finetune.split_train(task, examples, 0.5)
+    assert [e.id for e in train] == [f"q{i}" for i in range(6)]
+    assert [held_out(i, e) for i, e in enumerate(examples)] == [False] * 6 + [True] * 6
+    train, held_out = finetune.split_train(finetune.TASKS["xnli"], list(range(10)), 0.25)
+    assert train == [0, 1, 2] and [held_out(i, None) for i in range(10)] == [False] * 3 + [True] * 7
