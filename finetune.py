@@ -75,8 +75,9 @@ TASKS = {
 class FinetuneConfig:
     task: str = field(default="", metadata={"help": f"one of {', '.join(TASKS)}"})
     init: str = field(default="", metadata={
-        "help": "a pretrain.py checkpoint (.pt) or a Hugging Face RemBERT directory; empty: random weights"})
-    config: str = field(default="", metadata={"help": "with no --init: the configs.py model to build with random weights"})
+        "help": "the encoder: a pretrain.py checkpoint (.pt) or a Hugging Face RemBERT directory"})
+    config: str = field(default="", metadata={
+        "help": f"instead of --init: random weights of a configs.py model ({', '.join(CONFIGS)})"})
     tokenizer: str = field(default="", metadata={
         "help": "SentencePiece model (default: INIT/sentencepiece.model, or the one the checkpoint was trained with)"})
     train: str = field(default="", metadata={"help": "the English training file"})
@@ -150,12 +151,16 @@ def parse_args(argv=None):
 
 def tokenizer_path(cfg):
     if cfg.tokenizer:
-        return cfg.tokenizer
-    if cfg.init and os.path.isdir(cfg.init):
-        return os.path.join(cfg.init, "sentencepiece.model")
-    if cfg.init:  # the checkpoint records the tokenizer it was pre-trained with; mmap reads only that
-        return torch.load(cfg.init, map_location="cpu", weights_only=True, mmap=True)["train_config"]["tokenizer"]
-    raise ValueError("--config (random weights) needs --tokenizer")
+        path = cfg.tokenizer
+    elif cfg.init and os.path.isdir(cfg.init):
+        path = os.path.join(cfg.init, "sentencepiece.model")
+    elif cfg.init:  # the checkpoint records the tokenizer it was pre-trained with; mmap reads only that
+        path = torch.load(cfg.init, map_location="cpu", weights_only=True, mmap=True)["train_config"]["tokenizer"]
+    else:
+        raise ValueError("--config (random weights) needs --tokenizer")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"tokenizer {path} not found; pass --tokenizer")
+    return path
 
 
 def build_encoder(cfg, log):
