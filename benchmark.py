@@ -10,8 +10,10 @@ same config and the SAME weights (exported with `model.save_hf`, loaded with `fr
   infer     encoder forward without gradients: Encoder vs RemBertModel.
 Steps alternate ours/HF (A B A B ...), so the per-pair ratio survives a noisy machine; the table shows
 the median ratio and its spread. Before timing, both sides compute the loss of one batch with
-dropout off and must agree. MFU is model FLOP/s (`train_flops_per_token`) over the machine's peak:
-on CPU a float32 2048x2048 matmul timed in the same run, on CUDA the device's dense bf16 peak.
+dropout off and must agree. MFU is model FLOP/s (`step_flops_per_token`: 6 N + 12 L T H per token,
+the MLM head counted at the masked slots only) over the machine's peak: on CPU the best of float32
+2048x2048 matmuls timed before and after each phase, on CUDA the device's dense bf16 peak. On CPU,
+glibc is told to keep freed memory (`keep_freed_memory`), for both sides.
 
 Commands (each prints a table and one JSON line per figure):
   python benchmark.py model --config small --batch-size 16 --seq-len 128            # CPU
