@@ -630,6 +630,21 @@ def _read_text(path):
         raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
 
 
+def _check_label(label, labels, source):
+    if label not in labels:
+        raise DataError(f"{source}: unknown label {label!r}; expected one of {', '.join(labels)}")
+    return labels.index(label)
+
+
+def _check_fields(where, fields, width, allowed, expected):
+    """The line's number of tab-separated fields: one of `allowed`, and the first line's (`width`)."""
+    if width is None and len(fields) not in allowed:
+        raise DataError(f"{where}: {len(fields)} tab-separated fields; expected {expected}")
+    if width is not None and len(fields) != width:
+        raise DataError(f"{where}: {len(fields)} tab-separated fields, the first line has {width}")
+    return len(fields)
+
+
 def read_pairs(path, labels=None):
     """XNLI / PAWS-X sentence pairs. XTREME's TSV (sentence1<TAB>sentence2<TAB>label, no header, written by
     Python's csv module: a field holding a quote is quoted, its quotes doubled) or, with a header row, the
@@ -656,15 +671,10 @@ def read_pairs(path, labels=None):
                 if len(row) != len(header):
                     raise DataError(f"{where}: {len(row)} fields, the header has {len(header)}")
                 row = [row[i] for i in columns]
-            if width is None:
-                width = len(row)
-                if width not in (2, 3):
-                    raise DataError(f"{where}: {width} tab-separated fields; expected sentence1, sentence2[, label]")
-            if len(row) != width:
-                raise DataError(f"{where}: {len(row)} tab-separated fields, the first line has {width}")
+            width = _check_fields(where, row, width, (2, 3), "sentence1<TAB>sentence2[<TAB>label]")
             label = LABEL_ALIASES.get(row[2], row[2]) if width == 3 else None
-            if labels is not None and label is not None and label not in labels:
-                raise DataError(f"{where}: unknown label {label!r}; expected one of {', '.join(labels)}")
+            if labels is not None and label is not None:
+                _check_label(label, labels, where)
             examples.append(PairExample(row[0], row[1], label, where))
     except csv.Error as e:
         raise DataError(f"{path}:{reader.line_num}: {e}") from None
@@ -689,14 +699,9 @@ def read_tagging(path, labels=None):
                 current = []
             continue
         fields = line.split("\t")
-        if width is None:
-            width = len(fields)
-            if width not in (1, 2):
-                raise DataError(f"{path}:{number}: {width} tab-separated fields; expected token<TAB>label")
-        if len(fields) != width:
-            raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields, the first line has {width}")
-        if labels is not None and width == 2 and fields[1] not in labels:
-            raise DataError(f"{path}:{number}: unknown label {fields[1]!r}; expected one of {', '.join(labels)}")
+        width = _check_fields(f"{path}:{number}", fields, width, (1, 2), "token[<TAB>label]")
+        if labels is not None and width == 2:
+            _check_label(fields[1], labels, f"{path}:{number}")
         current.append((number, fields))
     if current:
         sentences.append(current)
@@ -753,12 +758,6 @@ def to_tensors(features, seq_len, pad_id):
     for i, f in enumerate(features):
         out["attention_mask"][i, :len(f["input_ids"])] = 1
     return out
-
-
-def _check_label(label, labels, source):
-    if label not in labels:
-        raise DataError(f"{source}: unknown label {label!r}; expected one of {', '.join(labels)}")
-    return labels.index(label)
 
 
 def pair_features(tokenizer, examples, labels, seq_len):
