@@ -21,6 +21,12 @@ Commands (each prints a table and one JSON line per figure):
   python benchmark.py model --config tiny --set num_layers=4 dropout=0.0 --phases pretrain
   python benchmark.py model --config small --device cuda --batch-size 64             # one GPU, bf16
 (No torchrun or TPU variant: this measures one device.)
+
+`loader` streams data.MLMLoader (one DataLoader worker, the tiny config's 8000-piece tokenizer trained on
+sample_data/) over a generated multilingual corpus of --size-gb (default 1 GB, written once under
+--corpus-dir in /tmp, never in the repository): tokens per second (non-padding pieces of the batches) and
+the resident memory of the main process and the worker, sampled while streaming (it must stay flat).
+  python benchmark.py loader --seconds 120
 """
 
 import argparse
@@ -392,6 +398,103 @@ def _load():
         return " ".join(f.read().split()[:3])
 
 
+# ----------------------------------------------------------------------------------------------
+# loader: data.MLMLoader throughput and memory on a generated corpus
+
+LOADER_SHARES = {"en": 0.4, "de": 0.15, "fr": 0.1, "es": 0.1, "ru": 0.1, "ar": 0.05, "hi": 0.05, "zh": 0.05}
+
+
+def generate_corpus(root, size_bytes, seed=0):
+    """Files {lang}.txt (LOADER_SHARES of size_bytes) of sample_data/ sentences with their words shuffled,
+    a blank line after every 5 lines. Skipped when a previous run left a complete corpus."""
+    import os
+    import random
+    from pathlib import Path
+    root = Path(root)
+    done = root / "COMPLETE"
+    if done.exists() and int(done.read_text()) == size_bytes:
+        return sorted(str(p) for p in root.glob("*.txt"))
+    root.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    sample = Path(__file__).parent / "sample_data"
+    for lang, share in LOADER_SHARES.items():
+        lines = [line for line in (sample / f"{lang}.txt").read_text(encoding="utf-8").split("\n") if line]
+        separator = "" if lang == "zh" else " "
+        pool = []
+        for _ in range(20000):
+            words = list(rng.choice(lines)) if lang == "zh" else rng.choice(lines).split()
+            rng.shuffle(words)
+            pool.append(separator.join(words) + "\n")
+        target, written = int(size_bytes * share), 0
+        with open(root / f"{lang}.txt", "w", encoding="utf-8") as f:
+            while written < target:
+                block = "".join(line + ("\n" if k % 5 == 4 else "") for k, line in enumerate(rng.choices(pool, k=50000)))
+                f.write(block)
+                written += len(block.encode("utf-8"))
+        print(f"  wrote {root / f'{lang}.txt'}: {os.path.getsize(root / f'{lang}.txt') / 1e6:.0f} MB", flush=True)
+    done.write_text(str(size_bytes))
+    return sorted(str(p) for p in root.glob("*.txt"))
+
+
+def _rss_mb(pid, field="VmRSS"):
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field)) / 1024
+
+
+def _children(pid):
+    import glob
+    return [int(c) for path in glob.glob(f"/proc/{pid}/task/*/children") for c in open(path).read().split()]
+
+
+def cmd_loader(args):
+    import os
+    import tempfile
+    from pathlib import Path
+    from data import MLMLoader, Tokenizer, train_tokenizer
+    print(f"machine: {os.cpu_count()} cores, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    files = generate_corpus(args.corpus_dir, int(args.size_gb * 1e9))
+    total = sum(os.path.getsize(p) for p in files)
+    print(f"corpus: {len(files)} files, {total / 1e9:.2f} GB in {args.corpus_dir}")
+    tokenizer_file = args.tokenizer or train_tokenizer(str(Path(__file__).parent / "sample_data"), 8000,
+                                                       os.path.join(tempfile.mkdtemp(), "tiny"))
+    tokenizer = Tokenizer(tokenizer_file)
+    started = time.time()
+    loader = MLMLoader(files, tokenizer, batch_size=args.batch_size, seq_len=args.seq_len,
+                       max_predictions=args.max_predictions, num_workers=1, seed=0)
+    scan = time.time() - started
+    print(f"tokenizer: {tokenizer.vocab_size} pieces; checking and counting the lines of {total / 1e9:.2f} GB took "
+          f"{scan:.1f} s ({total / 1e6 / scan:.0f} MB/s); main process peak RSS {_rss_mb(os.getpid(), 'VmHWM'):.0f} MB")
+    print(f"language probabilities: " + ", ".join(f"{k} {v:.3f}" for k, v in loader.probabilities.items()))
+    tokens, batches, samples = 0, 0, []
+    worker_peak = 0.0
+    started = last = time.time()
+    for batch in loader:
+        now = time.time()
+        batches += 1
+        if batches == args.warmup_batches:  # the worker's start is not throughput
+            started, tokens = now, 0
+        tokens += int(batch["attention_mask"].sum())
+        workers = _children(os.getpid())
+        worker_rss = sum(_rss_mb(p) for p in workers)
+        worker_peak = max(worker_peak, worker_rss)
+        if now - last >= args.report_every or batches == 1:
+            samples.append((now - started, _rss_mb(os.getpid()), worker_rss))
+            print(f"  {now - started:6.1f} s | {batches:6d} batches | main RSS {samples[-1][1]:6.0f} MB | "
+                  f"worker RSS {worker_rss:6.0f} MB", flush=True)
+            last = now
+        if now - started >= args.seconds and batches > args.warmup_batches:
+            break
+    elapsed = time.time() - started
+    print(f"loader: {tokens / elapsed:,.0f} tokens/s ({(batches - args.warmup_batches) / elapsed:.1f} batches/s "
+          f"of {args.batch_size}x{args.seq_len}), one worker, over {elapsed:.0f} s")
+    print(f"peak RSS: main {_rss_mb(os.getpid(), 'VmHWM'):.0f} MB, worker {worker_peak:.0f} MB; "
+          f"worker RSS first/last sample {samples[0][2]:.0f}/{samples[-1][2]:.0f} MB, "
+          f"main {samples[0][1]:.0f}/{samples[-1][1]:.0f} MB")
+    emit(benchmark="loader", tokens_per_s=round(tokens / elapsed), corpus_gb=round(total / 1e9, 2),
+         scan_s=round(scan, 1), peak_rss_main_mb=round(_rss_mb(os.getpid(), "VmHWM")),
+         peak_rss_worker_mb=round(worker_peak), load_average=os.getloadavg()[0])
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -413,6 +516,17 @@ def main():
                    help="CPU: glibc keeps freed memory instead of unmapping it (see keep_freed_memory)")
     m.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda runs bf16 autocast")
     m.set_defaults(run=cmd_model)
+    d = sub.add_parser("loader", help="data.MLMLoader tokens/s and memory on a generated corpus of >= 1 GB")
+    d.add_argument("--corpus-dir", default="/tmp/rembert-loader-corpus", help="where the corpus is generated (once)")
+    d.add_argument("--size-gb", type=float, default=1.0, help="corpus size in GB (10^9 bytes)")
+    d.add_argument("--tokenizer", default="", help="SentencePiece model (default: train the tiny 8000-piece one)")
+    d.add_argument("--batch-size", type=int, default=32, help="sequences per batch")
+    d.add_argument("--seq-len", type=int, default=128, help="tokens per sequence")
+    d.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence")
+    d.add_argument("--seconds", type=float, default=60.0, help="how long to stream after the warm-up")
+    d.add_argument("--warmup-batches", type=int, default=5, help="batches before timing starts")
+    d.add_argument("--report-every", type=float, default=10.0, help="seconds between memory samples")
+    d.set_defaults(run=cmd_loader)
     args = parser.parse_args()
     if args.command == "model" and args.predictions_per_seq is None:
         args.predictions_per_seq = math.ceil(0.15 * args.seq_len)

@@ -13,8 +13,8 @@ Tokenizer (Section 3: "a SentencePiece vocabulary", unigram LM)
 
 Masked-LM stream (pre-training)
   loader = MLMLoader(data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
-                     world_size=1, num_workers=0)
-  for batch in loader: logits, loss = model(**batch)      # one epoch; iterate again for the next one
+                     world_size=1, num_workers=0, alpha=0.5, whole_word_masking=False, infinite=False)
+  for batch in loader: logits, loss = model(**batch)      # one epoch (infinite=True: never ends)
   checkpoint["loader"] = loader.state_dict();  later: loader.load_state_dict(checkpoint["loader"])
   `data`: a file, a directory (its *.txt and *.txt.gz), a list of files, or {language: [files]}. Files are UTF-8
   text, one sentence per line, a blank line ends a document; the language is the file name up to its first dot
@@ -23,14 +23,14 @@ Masked-LM stream (pre-training)
   How the stream is made (every choice is a pure function of the seed and a position, so it resumes exactly):
   * Streams. Slot b of the global batch (rank * batch_size + b) of DataLoader worker w is stream
     s = w * global_batch + rank * batch_size + b, one of S = max(num_workers, 1) * global_batch. Stream s reads
-    share s of every file: the documents that start in bytes [s/S, (s+1)/S) of it (gzip files, which cannot
-    seek: every S-th document). So the (rank, worker) pairs read disjoint shares whose union is the corpus, and
+    share s of every file: the lines that start in bytes [s/S, (s+1)/S) of it (gzip files, which cannot seek:
+    every S-th block of lines). So the (rank, worker) pairs read disjoint shares whose union is the corpus, and
     the global batch does not depend on how it is split over processes (2 x 16 reads what 1 x 32 reads).
   * Languages. Each sequence comes from one language, drawn with p_l ∝ n_l^alpha (n_l: the language's lines,
     counted in one streaming pass that also checks every file, cached per process).
-  * Shuffling, bounded: a share is cut into chunks of `shuffle_bytes` (documents by start byte); chunks are read
-    in a random order, the documents of a chunk in a random order, lines in order. Memory: one chunk per stream
-    and language.
+  * Shuffling, bounded: a share is cut into chunks of `shuffle_bytes`; chunks are read in a random order (a
+    .gz file's in order), the documents of a chunk (its lines split at blank lines) in a random order, lines in
+    order. Memory: one chunk per stream and language.
   * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across line and document boundaries
     (RoBERTa's FULL-SENTENCES); a long line continues in the next sequence. Nothing is cut off.
   * Masking (create_pretraining_data.py): 15% of the pieces, at most max_predictions, never [CLS]/[SEP]; of
@@ -40,6 +40,8 @@ Masked-LM stream (pre-training)
     that is the upsampling). An epoch of a stream ends when every language of its share has been used up at
     least once; a stream whose epoch ended fills its rows with padding (weights 0) until the other streams of its
     worker are done too, so one epoch reads every line at least once, a one-language corpus exactly once.
+    That padding is the price of exact epochs (on the tiny sample corpus with 32 streams, about 45% of the
+    rows): pre-training passes infinite=True, where a stream simply goes on and no row is ever padding.
   * Resuming: state_dict() is a small dict of ints (positions, per stream and language); workers send theirs
     with every batch. A loader restored with load_state_dict() yields exactly the batches the uninterrupted one
     would have yielded, with or without workers.
@@ -443,8 +445,8 @@ def _new_stream_state(num_langs):
 class _Stream:
     """One slot of the global batch: a sequence of [CLS] ... [SEP] rows, each from one language."""
 
-    def __init__(self, corpus, stream, tokenizer, state, seq_len):
-        self.corpus, self.stream, self.state, self.seq_len = corpus, stream, state, seq_len
+    def __init__(self, corpus, stream, tokenizer, state, seq_len, infinite):
+        self.corpus, self.stream, self.state, self.seq_len, self.infinite = corpus, stream, state, seq_len, infinite
         self.readers = [_Reader(corpus, i, stream, tokenizer, r) for i, r in enumerate(state["readers"])]
         self.weights = np.array(corpus.counts, dtype=np.float64) ** corpus.alpha
 
@@ -472,7 +474,7 @@ class _Stream:
             if self.readers[lang].state["empty"]:
                 lang = None  # draw again, among the languages this share has
                 continue
-            if all(r.state["used_up"] or r.state["empty"] for r in self.readers):
+            if not self.infinite and all(r.state["used_up"] or r.state["empty"] for r in self.readers):
                 st["done"] = 1
                 break
         return (ids, rng) if ids else None
@@ -481,9 +483,9 @@ class _Stream:
 def _worker_batches(corpus, tokenizer, config, worker, state):
     """The batches of one (rank, worker): forever, as (batch or None, state after it, worker). None once all
     the worker's streams have finished the epoch (the main process then starts the next one)."""
-    batch_size, seq_len, max_predictions, rank, world_size, whole_word = config
+    batch_size, seq_len, max_predictions, rank, world_size, whole_word, infinite = config
     first = worker * batch_size * world_size + rank * batch_size
-    streams = [_Stream(corpus, first + b, tokenizer, st, seq_len) for b, st in enumerate(state["streams"])]
+    streams = [_Stream(corpus, first + b, tokenizer, st, seq_len, infinite) for b, st in enumerate(state["streams"])]
     while True:
         if state["done"]:
             yield None, state, worker
@@ -525,10 +527,12 @@ def _identity(item):
 
 class MLMLoader:
     """The masked-LM input stream (see the module docstring). Iterating yields one epoch of batches; iterate
-    again for the next. state_dict() after any batch, load_state_dict() before iterating: exact resume."""
+    again for the next. infinite=True: one endless iteration with no padding rows (for pre-training).
+    state_dict() after any batch, load_state_dict() before iterating: exact resume."""
 
     def __init__(self, data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
-                 world_size=1, num_workers=0, alpha=0.5, whole_word_masking=False, shuffle_bytes=1 << 16):
+                 world_size=1, num_workers=0, alpha=0.5, whole_word_masking=False, shuffle_bytes=1 << 16,
+                 infinite=False):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
         if seq_len < 3 or batch_size < 1 or max_predictions < 1 or num_workers < 0 or seed < 0:
@@ -539,7 +543,7 @@ class MLMLoader:
         counts = [sum(info[p]["lines"] for p in paths) for _, paths in langs]
         workers = max(num_workers, 1)
         self.corpus = _Corpus(langs, counts, info, workers * batch_size * world_size, seed, shuffle_bytes, alpha)
-        self.config = (batch_size, seq_len, max_predictions, rank, world_size, whole_word_masking)
+        self.config = (batch_size, seq_len, max_predictions, rank, world_size, whole_word_masking, infinite)
         self.languages = {lang: n for (lang, _), n in zip(langs, counts)}
         self.probabilities = sampling_probabilities(self.languages, alpha)
         self._fingerprint = {"files": [[lang, p, info[p]["bytes"]] for lang, paths in langs for p in paths],

@@ -247,6 +247,20 @@ def test_resumed_loader_yields_exactly_the_uninterrupted_batches(tokenizer, numb
             assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_infinite_loader_never_pads_and_resumes_exactly(tokenizer):
+    def make():
+        return data.MLMLoader(str(REPO / "sample_data"), tokenizer, batch_size=8, seq_len=32, max_predictions=5,
+                              seed=7, infinite=True)
+    straight = list(itertools.islice(make(), 120))  # several passes over every share
+    assert all(b["attention_mask"][:, 0].all() for b in straight)
+    first = make()
+    head = list(itertools.islice(first, 50))
+    resumed = make()
+    resumed.load_state_dict(first.state_dict())
+    for a, b in zip(head + list(itertools.islice(resumed, 70)), straight, strict=True):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def _saved(obj):
     import io
     buffer = io.BytesIO()
