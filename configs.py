@@ -1,23 +1,30 @@
 """Every model of "Rethinking Embedding Coupling in Pre-trained Language Models", by name.
 
-The multilingual models of Sections 3-6 are mBERT-sized (12 layers, H 768, 12 heads, a 120k
-SentencePiece vocabulary) and differ only in their embeddings; the English BERT-base rows are from
-the appendix (Table 13); `rembert` is the released model (Section 7). `python configs.py` prints the
-pre-training and fine-tuning parameter counts of each beside the paper's.
+The multilingual models of Sections 4-5 (Tables 2-6) are mBERT-sized (12 layers, H 768, 12 heads, a
+120k SentencePiece vocabulary) and differ in their embeddings and layers; the English BERT-base rows
+are from the appendix (Tables 12-13); `rembert` is the released model (Section 5, Appendix A.7).
+`python configs.py` prints the pre-training and fine-tuning parameter counts of each beside the
+paper's.
 """
 
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from model import ModelConfig
 
+# mBERT's shape (Appendix A.2). The paper's models use no dropout (A.2, following ALBERT).
 MBERT = ModelConfig(vocab_size=120_000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
                     input_embedding_size=768, output_embedding_size=768, tie_embeddings=False,
-                    pretraining_only_layers=0, dropout=0.1)
-BERT_BASE = replace(MBERT, vocab_size=30_000)
+                    pretraining_only_layers=0, dropout=0.0)
+# English BERT-base (Appendix A.6): a 30k vocabulary, BERT's dropout.
+BERT_BASE = replace(MBERT, vocab_size=30_000, dropout=0.1)
 
 
 def mbert(**changes):
     return replace(MBERT, **changes)
+
+
+def bert(**changes):
+    return replace(BERT_BASE, **changes)
 
 
 CONFIGS = {
@@ -30,22 +37,24 @@ CONFIGS = {
     # Table 4: a larger output embedding (E_in 128) makes the kept layers better.
     "eout128": mbert(input_embedding_size=128, output_embedding_size=128),
     "eout3072": mbert(input_embedding_size=128, output_embedding_size=3072),
-    # Table 5: the same capacity as 11 more Transformer layers, used in pre-training only.
+    # Table 5: the capacity of E_out 768 spent instead on 11 more layers, used in pre-training only.
     "extra-layers-11": mbert(input_embedding_size=128, output_embedding_size=128, pretraining_only_layers=11),
     # Table 6: the input-embedding parameters saved by E_in 128, reinvested in width or depth.
     "reinvest-h1024": mbert(input_embedding_size=128, hidden_size=1024, num_heads=16, intermediate_size=4096),
     "reinvest-l23": mbert(input_embedding_size=128, num_layers=23),
     # Table 12: coupled embeddings factorized ALBERT-style (E 128 < H, projected up and back).
     "coupled-e128": mbert(input_embedding_size=128, output_embedding_size=128, tie_embeddings=True),
-    # Table 13: English BERT-base (30k WordPiece vocabulary) with larger output embeddings or layers.
-    "bert-base": replace(BERT_BASE, tie_embeddings=True),
-    "bert-eout128": replace(BERT_BASE, output_embedding_size=128),
-    "bert-eout768": replace(BERT_BASE),
-    "bert-eout3072": replace(BERT_BASE, output_embedding_size=3072),
-    "bert-l15": replace(BERT_BASE, tie_embeddings=True, pretraining_only_layers=3),
-    "bert-l24": replace(BERT_BASE, tie_embeddings=True, pretraining_only_layers=12),
-    # Section 7: RemBERT, as released (google/rembert). Table 14 prints E_out 1536; the released
-    # checkpoint has 1664, the only value that gives the paper's 995M pre-training parameters.
+    # Table 12 (English row): BERT-base itself, coupled at E 768.
+    "bert-base": bert(tie_embeddings=True),
+    # Table 13: English BERT-base decoupled with E_in 128, then a larger E_out or pre-training-only layers
+    # (L=15, L=24: 3 or 12 layers on top of the 12 kept, with E_out 128).
+    "bert-eout128": bert(input_embedding_size=128, output_embedding_size=128),
+    "bert-eout768": bert(input_embedding_size=128),
+    "bert-eout3072": bert(input_embedding_size=128, output_embedding_size=3072),
+    "bert-l15": bert(input_embedding_size=128, output_embedding_size=128, pretraining_only_layers=3),
+    "bert-l24": bert(input_embedding_size=128, output_embedding_size=128, pretraining_only_layers=12),
+    # Section 5 and Table 14: RemBERT, as released (google/rembert). Table 14 prints E_out 1536; the
+    # released checkpoint has 1664, the only value that gives the paper's 995M pre-training parameters.
     "rembert": ModelConfig(vocab_size=250_300, hidden_size=1152, num_layers=32, num_heads=18,
                            intermediate_size=4608, input_embedding_size=256, output_embedding_size=1664,
                            tie_embeddings=False, pretraining_only_layers=0, dropout=0.0),
@@ -58,26 +67,43 @@ CONFIGS = {
                          pretraining_only_layers=0, dropout=0.1),
 }
 
-# (pre-training, fine-tuning) parameters as the paper prints them.
+# (pre-training, fine-tuning) parameters as the paper prints them (in millions; None: not printed).
+# Table 3's E_in 768 / E_out 128 row gives its fine-tuning count in the text ("77M" more than E_in 128).
 PAPER_PARAMETERS = {
+    "coupled": (177, 177), "decoupled": (269, 177),                              # Table 2
+    "ein768-eout128": (None, 177), "ein128-eout768": (192, 100),                 # Table 3
+    "eout128": (115, 100), "eout3072": (469, 100),                               # Table 4
+    "extra-layers-11": (193, 100),                                               # Table 5
+    "reinvest-h1024": (260, 168), "reinvest-l23": (270, 178),                    # Table 6
+    "coupled-e128": (100, 100), "bert-base": (110, 110),                         # Table 12
+    "bert-eout128": (93, 89), "bert-eout768": (112, 89), "bert-eout3072": (181, 89),
+    "bert-l15": (114, 89), "bert-l24": (178, 89),                                # Table 13
+    "rembert": (995, 575),                                                       # Table 7, A.7
 }
 
 
-def main():
+def parameter_counts(name):
+    """count_parameters of CONFIGS[name], built on the meta device: shapes only, no memory."""
     import torch
     from model import MaskedLM, count_parameters
+    with torch.device("meta"):
+        return count_parameters(MaskedLM(CONFIGS[name]))
+
+
+def main():
+    def millions(n):
+        return "" if n is None else f"{n:.0f}M"
 
     print(f"{'config':<16} {'L':>3} {'+L':>3} {'H':>5} {'E_in':>5} {'E_out':>5} {'tied':>5} {'vocab':>8} "
           f"{'PT':>9} {'FT':>9} {'paper PT':>9} {'paper FT':>9}")
     for name, config in CONFIGS.items():
-        with torch.device("meta"):  # shapes only: no memory, even for RemBERT
-            counts = count_parameters(MaskedLM(config))
-        paper = PAPER_PARAMETERS.get(name)
-        pt, ft = (f"{paper[0] / 1e6:.0f}M", f"{paper[1] / 1e6:.0f}M") if paper else ("", "")
+        counts = parameter_counts(name)
+        paper_pt, paper_ft = PAPER_PARAMETERS.get(name, (None, None))
         print(f"{name:<16} {config.num_layers:>3} {config.pretraining_only_layers:>3} {config.hidden_size:>5} "
               f"{config.input_embedding_size:>5} {config.output_embedding_size:>5} "
               f"{str(config.tie_embeddings):>5} {config.vocab_size:>8} "
-              f"{counts['pretraining'] / 1e6:>8.1f}M {counts['finetuning'] / 1e6:>8.1f}M {pt:>9} {ft:>9}")
+              f"{counts['pretraining'] / 1e6:>8.1f}M {counts['finetuning'] / 1e6:>8.1f}M "
+              f"{millions(paper_pt):>9} {millions(paper_ft):>9}")
 
 
 if __name__ == "__main__":

@@ -298,3 +298,18 @@ def test_rembert_counts_equal_transformers():
     pooler = config.hidden_size * config.hidden_size + config.hidden_size
     assert counts["pretraining"] == hf_mlm.num_parameters() + pooler
     assert abs(counts["pretraining"] - 995e6) / 995e6 < 0.005
+
+
+def test_every_paper_config_is_within_two_percent_of_the_paper():
+    from configs import PAPER_PARAMETERS, parameter_counts
+    assert set(PAPER_PARAMETERS) == set(CONFIGS) - {"tiny", "small"}
+    for name, paper in PAPER_PARAMETERS.items():
+        counts = parameter_counts(name)
+        for ours, theirs in zip((counts["pretraining"], counts["finetuning"]), paper):
+            if theirs is not None:
+                assert abs(ours / 1e6 - theirs) / theirs < 0.02, (name, ours, theirs)
+    # The paper's fixed points: decoupling keeps the fine-tuning model; E_out never reaches it.
+    assert parameter_counts("coupled")["finetuning"] == parameter_counts("decoupled")["finetuning"]
+    eout = [parameter_counts(n) for n in ("eout128", "ein128-eout768", "eout3072", "extra-layers-11")]
+    assert len({c["finetuning"] for c in eout}) == 1
+    assert eout[0]["pretraining"] < eout[1]["pretraining"] < eout[2]["pretraining"]
