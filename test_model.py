@@ -306,8 +306,7 @@ def test_every_paper_config_is_within_two_percent_of_the_paper():
     for name, paper in PAPER_PARAMETERS.items():
         counts = parameter_counts(name)
         for ours, theirs in zip((counts["pretraining"], counts["finetuning"]), paper):
-            if theirs is not None:
-                assert abs(ours / 1e6 - theirs) / theirs < 0.02, (name, ours, theirs)
+            assert abs(ours / 1e6 - theirs) / theirs < 0.02, (name, ours, theirs)
     # The paper's fixed points: decoupling keeps the fine-tuning model; E_out never reaches it.
     assert parameter_counts("coupled")["finetuning"] == parameter_counts("decoupled")["finetuning"]
     eout = [parameter_counts(n) for n in ("eout128", "ein128-eout768", "eout3072", "extra-layers-11")]
