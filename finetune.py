@@ -1,16 +1,21 @@
 """Fine-tuning RemBERT on the XTREME tasks of the paper with zero-shot cross-lingual transfer
-(Section 3, "fine-tuning"; Section 7, Tables 7-9): fine-tune on English training data only, then
-evaluate every target language with the same model, and report each language and the average.
+(Section 3, "Tasks"; Tables 2-7): fine-tune on English training data only, then evaluate every
+target language with the same model, and report each language and the average.
 
 Tasks: sentence-pair classification (xnli, pawsx: `model.SequenceClassifier`), tagging (panx NER,
 udpos POS: `model.TokenClassifier`), extractive QA (xquad, mlqa, tydiqa: `model.SpanExtractor`).
 The encoder comes from a pre-training checkpoint of pretrain.py (its pre-training-only layers and
 MLM head are dropped, as in the paper), a Hugging Face RemBERT directory (e.g. google/rembert, with
 its sentencepiece.model), or random weights (--config NAME, for tests). `--keep-layers K` drops the
-encoder's last layers first (Figure 1). Each seed's model is saved under --out-dir/seed-N/ in
-transformers' layout, so `python evaluate.py predict --model DIR ...` can predict with it later.
-The per-language table (mean over --seeds, as the paper averages 3) goes to stdout and, with the
-per-seed figures, to --out-dir/results.json.
+encoder's last layers first (Figure 1).
+
+Defaults follow Appendix A.3: batch 32, 3 epochs, and a sweep over Table 10's learning rates (one
+run per rate and seed; the rate with the best average of the task's first metric is reported, as
+the paper reports its dev sets); for RemBERT (an encoder of its shape), Table 15's rate and batch.
+The per-language table (mean over --seeds; the paper averages 3) goes to stdout and, with every
+rate's and seed's figures, to --out-dir/results.json. Each run's model is saved in transformers'
+layout under --out-dir/lr-RATE/seed-N/, so `python evaluate.py predict --model DIR ...` can
+predict with it later.
 
 With the shared demo data (../shared/data): XQuAD has no training split, so train on the first
 half of the English articles and evaluate all 12 languages on the held-out articles' questions
@@ -20,15 +25,15 @@ line-parallel dev files. PAN-X trains on train-en.tsv and evaluates the other la
   CPU:      python finetune.py --task xquad --init out/pretrain/ckpt-00000300.pt --lr 1e-4 \\
                 --train ../shared/data/xquad/xquad.en.json --train-fraction 0.5 \\
                 --eval ../shared/data/xquad/xquad.*.json --seq-len 256 --batch-size 16
-            python finetune.py --task panx --init out/pretrain/ckpt-00000300.pt \\
+            python finetune.py --task panx --init out/pretrain/ckpt-00000300.pt --lr 1e-4 \\
                 --train ../shared/data/ner/panx/train-en.tsv --eval ../shared/data/ner/panx/dev-*.tsv
   one GPU:  python finetune.py --task xnli --init rembert/ --device cuda --seeds 1 2 3 \\
                 --train multinli.train.en.tsv --eval xnli/dev-*.tsv
   torchrun: torchrun --standalone --nproc_per_node=8 finetune.py --task xquad --init rembert/ \\
-                --device cuda --batch-size 4 --train train-v1.1.json --eval xquad/xquad.*.json
+                --device cuda --train train-v1.1.json --eval xquad/xquad.*.json
   TPU VM:   PJRT_DEVICE=TPU python finetune.py --task xnli --init rembert/ --device xla \\
-                --batch-size 4 --train multinli.train.en.tsv --eval xnli/dev-*.tsv
-(--batch-size is per process: 8 processes x 4 = the paper's 32.)
+                --train multinli.train.en.tsv --eval xnli/dev-*.tsv
+(--batch-size is the global batch: torchrun's 8 processes each take an eighth of it.)
 """
 
 import argparse
@@ -55,19 +60,26 @@ from pretrain import build_optimizer, load_pretrained_encoder, lr_at, resolve_de
 class Task:
     kind: str  # "classification" | "tagging" | "qa"
     labels: tuple  # label names (classification, tagging); () for QA
-    lr: float  # default peak learning rate
+    lrs: tuple  # Table 10: the peak learning rates swept (batch 32, 3 epochs)
+    rembert: tuple  # Table 15: (learning rate, batch size) for RemBERT
     seq_len: int
-    metrics: tuple  # the figures of evaluate.py that the table shows (percent)
+    metrics: tuple  # the figures of evaluate.py that the table shows (percent); the first picks the lr
 
 
+# Table 10 has one "SQuAD" row: all three QA tasks train on English SQuAD-format data. It has no POS
+# row; POS sweeps NER's rates.
+SQUAD_LRS = (2e-5, 3e-5, 4e-5)
+NER_LRS = (1e-5, 2e-5, 3e-5, 4e-5, 5e-5)
 TASKS = {
-    "xnli": Task("classification", evaluate.CLASSIFICATION_LABELS["xnli"], 2e-5, 128, ("accuracy",)),
-    "pawsx": Task("classification", evaluate.CLASSIFICATION_LABELS["pawsx"], 2e-5, 128, ("accuracy",)),
-    "panx": Task("tagging", evaluate.TAGGING_LABELS["panx"], 2e-5, 128, ("f1", "precision", "recall")),
-    "udpos": Task("tagging", evaluate.TAGGING_LABELS["udpos"], 2e-5, 128, ("accuracy",)),
-    "xquad": Task("qa", (), 3e-5, 384, ("f1", "exact_match")),
-    "mlqa": Task("qa", (), 3e-5, 384, ("f1", "exact_match")),
-    "tydiqa": Task("qa", (), 3e-5, 384, ("f1", "exact_match")),
+    "xnli": Task("classification", evaluate.CLASSIFICATION_LABELS["xnli"], (1e-5, 2e-5, 3e-5), (1e-5, 128), 128,
+                 ("accuracy",)),
+    "pawsx": Task("classification", evaluate.CLASSIFICATION_LABELS["pawsx"], (3e-5, 4e-5, 5e-5), (8e-6, 128), 128,
+                  ("accuracy",)),
+    "panx": Task("tagging", evaluate.TAGGING_LABELS["panx"], NER_LRS, (8e-6, 64), 128, ("f1", "precision", "recall")),
+    "udpos": Task("tagging", evaluate.TAGGING_LABELS["udpos"], NER_LRS, (3e-5, 128), 128, ("accuracy",)),
+    "xquad": Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match")),
+    "mlqa": Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match")),
+    "tydiqa": Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match")),
 }
 
 
@@ -95,10 +107,13 @@ class FinetuneConfig:
     max_query_length: int = field(default=64, metadata={"help": "QA: question pieces kept"})
     max_answer_length: int = field(default=30, metadata={"help": "QA: longest answer span decoded, in pieces"})
     n_best: int = field(default=20, metadata={"help": "QA: start and end candidates per window"})
-    batch_size: int = field(default=32, metadata={"help": "training sequences per process and step (Table 10: 32)"})
+    batch_size: int = field(default=0, metadata={
+        "help": "training sequences per step, over all processes (0: Table 10's 32, or Table 15's for RemBERT)"})
     eval_batch_size: int = field(default=64, metadata={"help": "evaluation sequences per process and step"})
     epochs: int = field(default=3, metadata={"help": "passes over the training data (Table 10: 3)"})
-    lr: float = field(default=0.0, metadata={"help": "peak learning rate (0: the task's default)"})
+    lr: list = field(default_factory=list, metadata={
+        "help": "peak learning rates, one run per rate and seed; the best (by the first metric's average) is "
+                "reported (default: the task's Table 10 sweep, or Table 15's rate for RemBERT)"})
     warmup_fraction: float = field(default=0.1, metadata={"help": "fraction of the steps spent warming up"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (not on biases, LayerNorm)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this"})
@@ -116,9 +131,10 @@ def parse_args(argv=None):
     for f in fields(FinetuneConfig):
         flag = "--" + f.name.replace("_", "-")
         default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-        if f.name in ("eval", "seeds"):
-            parser.add_argument(flag, nargs="+", type=int if f.name == "seeds" else str, default=default,
-                                help=f"{f.metadata['help']} (default: {default})")
+        if f.name in ("eval", "seeds", "lr"):
+            kind = {"eval": str, "seeds": int, "lr": float}[f.name]
+            parser.add_argument(flag, nargs="+", type=kind, default=default,
+                                help=f.metadata["help"] + (f" (default: {default})" if default else ""))
         else:
             parser.add_argument(flag, type=type(f.default), default=default,
                                 help=f"{f.metadata['help']} (default: {default!r})")
@@ -134,16 +150,38 @@ def parse_args(argv=None):
         problems.append("--train is required")
     if not 0.0 < cfg.train_fraction <= 1.0:
         problems.append(f"--train-fraction must be in (0, 1], got {cfg.train_fraction}")
-    for name in ("batch_size", "eval_batch_size", "epochs", "log_every", "doc_stride", "max_query_length",
+    for name in ("eval_batch_size", "epochs", "log_every", "doc_stride", "max_query_length",
                  "max_answer_length", "n_best"):
         if getattr(cfg, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be positive")
+    if cfg.batch_size < 0 or any(lr <= 0 for lr in cfg.lr):
+        problems.append("--batch-size and --lr must be positive")
     if cfg.device not in ("auto", "cpu", "cuda", "xla"):
         problems.append(f"--device must be auto, cpu, cuda or xla, got {cfg.device!r}")
     if problems:
         parser.error("; ".join(problems))
     task = TASKS[cfg.task]
-    return dataclasses.replace(cfg, lr=cfg.lr or task.lr, seq_len=cfg.seq_len or task.seq_len)
+    rembert = CONFIGS["rembert"]
+    if init_shape(cfg) == (rembert.num_layers, rembert.hidden_size):  # Table 15
+        lrs, batch_size = [task.rembert[0]], task.rembert[1]
+    else:  # Table 10
+        lrs, batch_size = list(task.lrs), 32
+    return dataclasses.replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size,
+                               seq_len=cfg.seq_len or task.seq_len)
+
+
+def init_shape(cfg):
+    """(layers, hidden size) of the encoder that --init or --config names, without loading weights."""
+    if cfg.config:
+        return CONFIGS[cfg.config].num_layers, CONFIGS[cfg.config].hidden_size
+    if os.path.isdir(cfg.init):
+        with open(os.path.join(cfg.init, "config.json")) as f:
+            hf = json.load(f)
+        return hf["num_hidden_layers"], hf["hidden_size"]
+    if not os.path.isfile(cfg.init):
+        raise FileNotFoundError(f"--init {cfg.init}: no such checkpoint file or directory")
+    config = torch.load(cfg.init, map_location="cpu", weights_only=True, mmap=True)["config"]
+    return config["num_layers"], config["hidden_size"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -305,35 +343,37 @@ def eval_sets(cfg, task, held_out):
 # Training and prediction, with static shapes: whole training batches only (the last partial one
 # of each epoch is dropped), evaluation batches padded to full size (padding rows are cut after)
 
-def train(model, tensors, cfg, runtime, seed, log):
+def train(model, tensors, cfg, lr, runtime, seed, log):
     n = tensors["input_ids"].shape[0]
-    per_step = cfg.batch_size * runtime.world_size
+    per_step = cfg.batch_size
+    if per_step % runtime.world_size:
+        raise ValueError(f"--batch-size {per_step} does not split over {runtime.world_size} processes")
+    per_process = per_step // runtime.world_size
     steps_per_epoch = n // per_step
     if steps_per_epoch == 0:
-        raise ValueError(f"{n} training sequences are fewer than one global batch ({per_step}); "
-                         f"lower --batch-size")
+        raise ValueError(f"{n} training sequences are fewer than one batch ({per_step}); lower --batch-size")
     total = steps_per_epoch * cfg.epochs
     warmup = int(cfg.warmup_fraction * total)
     ddp_model = runtime.wrap_model(model)
-    optimizer = build_optimizer(model, cfg.lr, cfg.weight_decay)
+    optimizer = build_optimizer(model, lr, cfg.weight_decay)
     generator = torch.Generator().manual_seed(seed)  # the same order in every process
 
     def batches():
         for _ in range(cfg.epochs):
             order = torch.randperm(n, generator=generator)
             for step in range(steps_per_epoch):
-                start = step * per_step + runtime.rank * cfg.batch_size
-                rows = order[start:start + cfg.batch_size]
+                start = step * per_step + runtime.rank * per_process
+                rows = order[start:start + per_process]
                 yield {k: v[rows] for k, v in tensors.items()}
 
     log(f"training: {n} sequences, {total} steps of {per_step} ({steps_per_epoch} per epoch), "
-        f"lr {cfg.lr:g}, warm-up {warmup}")
+        f"lr {lr:g}, warm-up {warmup}")
     ddp_model.train()
     stats = torch.zeros(2, device=runtime.device)  # [sum of losses, steps]: read only when logging
     last_log, last_step = time.time(), 0
     for step, batch in enumerate(runtime.loader(batches())):
         for group in optimizer.param_groups:
-            group["lr"] = lr_at(step, warmup, total, cfg.lr)
+            group["lr"] = lr_at(step, warmup, total, lr)
         with runtime.autocast():
             loss = ddp_model(**batch)[-1]
         loss.backward()
@@ -347,7 +387,7 @@ def train(model, tensors, cfg, runtime, seed, log):
         if not math.isfinite(loss_sum):
             raise FloatingPointError(f"the loss became {loss_sum / count} by step {step + 1}; try a lower --lr")
         now = time.time()
-        log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, cfg.lr):.2e} "
+        log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, lr):.2e} "
             f"| {(step + 1 - last_step) * per_step / (now - last_log):.1f} seq/s")
         last_log, last_step = now, step + 1
     return model
@@ -438,36 +478,47 @@ def run(cfg):
     log(f"{cfg.train}: {len(train_examples)} training examples; evaluating "
         + ", ".join(f"{name} ({len(examples)})" for name, (_, examples) in evals.items()))
 
-    per_seed = {}
-    for seed in cfg.seeds:
-        torch.manual_seed(seed)  # the head's initialisation and dropout
-        encoder = build_encoder(cfg, log)
-        if tokenizer.vocab_size > encoder.config.vocab_size:
-            raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} pieces, more than the model's "
-                             f"vocab_size {encoder.config.vocab_size}: not the model's tokenizer")
-        model = build_model(task, encoder, cfg.dropout)
-        train(model, train_tensors, cfg, runtime, seed, log)
-        per_seed[seed] = {name: score(cfg.task, lang, examples,
-                                      predict_examples(model, tokenizer, task, examples, settings,
-                                                       cfg.eval_batch_size, runtime))
-                          for name, (lang, examples) in evals.items()}
-        per_seed[seed]["average"] = average(list(per_seed[seed].values()))
-        print_table(f"{cfg.task}, seed {seed}", per_seed[seed], log)
-        if runtime.is_main:
-            path = os.path.join(cfg.out_dir, f"seed-{seed}")
-            save_finetuned(model.cpu(), cfg, tokenizer_file, path)
-            log(f"saved the fine-tuned model to {path}")
+    sweep = {}  # lr -> seed -> {eval set: {metric: value}}
+    for lr in cfg.lr:
+        sweep[lr] = {}
+        for seed in cfg.seeds:
+            torch.manual_seed(seed)  # the head's initialisation and dropout
+            encoder = build_encoder(cfg, log)
+            if tokenizer.vocab_size > encoder.config.vocab_size:
+                raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} pieces, more than the model's "
+                                 f"vocab_size {encoder.config.vocab_size}: not the model's tokenizer")
+            model = build_model(task, encoder, cfg.dropout)
+            train(model, train_tensors, cfg, lr, runtime, seed, log)
+            scores = {name: score(cfg.task, lang, examples,
+                                  predict_examples(model, tokenizer, task, examples, settings,
+                                                   cfg.eval_batch_size, runtime))
+                      for name, (lang, examples) in evals.items()}
+            scores["average"] = average(list(scores.values()))
+            sweep[lr][seed] = scores
+            print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
+            if runtime.is_main:
+                path = os.path.join(cfg.out_dir, f"lr-{lr:g}", f"seed-{seed}")
+                save_finetuned(model.cpu(), cfg, tokenizer_file, path)
+                log(f"saved the fine-tuned model to {path}")
 
-    table = {name: average([per_seed[s][name] for s in cfg.seeds]) for name in per_seed[cfg.seeds[0]]}
-    print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, "
-                f"mean over {len(cfg.seeds)} seed(s)", table, log)
+    # The mean over seeds for each rate; the rate with the best average of the task's first metric.
+    tables = {lr: {name: average([runs[s][name] for s in cfg.seeds]) for name in runs[cfg.seeds[0]]}
+              for lr, runs in sweep.items()}
+    metric = task.metrics[0]
+    best = max(cfg.lr, key=lambda lr: tables[lr]["average"][metric])
+    if len(cfg.lr) > 1:
+        log(f"learning rates: " + ", ".join(f"{lr:g}: {tables[lr]['average'][metric]:.2f}" for lr in cfg.lr)
+            + f" (average {metric}); best {best:g}")
+    print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, lr {best:g}, "
+                f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
     if runtime.is_main:
         os.makedirs(cfg.out_dir, exist_ok=True)
         path = os.path.join(cfg.out_dir, "results.json")
         with open(path, "w") as f:
-            json.dump({"config": asdict(cfg), "results": table, "per_seed": per_seed}, f, indent=2)
+            json.dump({"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
+                       "per_lr": {f"{lr:g}": table for lr, table in tables.items()}}, f, indent=2)
         log(f"wrote {path}")
-    return table
+    return tables[best]
 
 
 def _launched(index, cfg):  # torch_xla.launch passes the process index first

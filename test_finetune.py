@@ -99,9 +99,9 @@ def test_hf_directory_finetunes_and_exports_to_transformers(task, train_file, he
     torch.testing.assert_close(encoder(ids, attention_mask=mask), reference(ids, attention_mask=mask).last_hidden_state,
                                atol=1e-5, rtol=1e-5)
     # ...and the saved fine-tuned model is transformers' task model, with the same outputs.
-    model, tokenizer, info = finetune.load_finetuned(tmp_path / "seed-0")
+    model, tokenizer, info = finetune.load_finetuned(tmp_path / "lr-0.001" / "seed-0")
     assert info["task"] == task and tokenizer.vocab_size <= VOCAB
-    hf_model = getattr(transformers, head).from_pretrained(tmp_path / "seed-0").eval()
+    hf_model = getattr(transformers, head).from_pretrained(tmp_path / "lr-0.001" / "seed-0").eval()
     ours = model.eval()(ids, torch.zeros_like(ids), mask)
     theirs = hf_model(input_ids=ids, attention_mask=mask)
     expected = (theirs.logits,) if task != "xquad" else (theirs.start_logits, theirs.end_logits)
@@ -113,9 +113,9 @@ def test_keep_layers_drops_the_last_layers(files, hf_dir, tmp_path):
     root, _ = files
     run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
         "--keep-layers", "1", "--out-dir", tmp_path, *SMALL_ARGS)
-    model, _, _ = finetune.load_finetuned(tmp_path / "seed-0")
+    model, _, _ = finetune.load_finetuned(tmp_path / "lr-0.001" / "seed-0")
     assert len(model.encoder.layers) == 1
-    assert json.loads((tmp_path / "seed-0" / "config.json").read_text())["num_hidden_layers"] == 1
+    assert json.loads((tmp_path / "lr-0.001" / "seed-0" / "config.json").read_text())["num_hidden_layers"] == 1
     with pytest.raises(ValueError, match="--keep-layers 3: the encoder has 2 layers"):
         run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
             "--keep-layers", "3", "--out-dir", tmp_path, *SMALL_ARGS)
@@ -131,6 +131,31 @@ def test_command_line_errors_are_clear(files, capsys):
     with pytest.raises(ValueError, match="cannot tell the language"):
         run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
             "--eval", root / "corpus.txt", *SMALL_ARGS)
+
+
+def test_defaults_are_table_10_and_table_15_for_rembert(tmp_path):
+    args = finetune.parse_args(["--task", "xnli", "--config", "tiny", "--train", "x"])
+    assert (args.lr, args.batch_size, args.epochs) == ([1e-5, 2e-5, 3e-5], 32, 3)
+    assert finetune.parse_args(["--task", "panx", "--config", "tiny", "--train", "x"]).lr == [1e-5, 2e-5, 3e-5, 4e-5, 5e-5]
+    # A Hugging Face directory of RemBERT's shape (only its config.json is read): Table 15.
+    (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 1152}))
+    for task, lr, batch in (("pawsx", 8e-6, 128), ("xquad", 9e-6, 128), ("panx", 8e-6, 64)):
+        args = finetune.parse_args(["--task", task, "--init", str(tmp_path), "--train", "x"])
+        assert (args.lr, args.batch_size) == ([lr], batch)
+    args = finetune.parse_args(["--task", "panx", "--init", str(tmp_path), "--train", "x", "--lr", "1e-5", "2e-5",
+                                "--batch-size", "8"])
+    assert (args.lr, args.batch_size) == ([1e-5, 2e-5], 8)
+
+
+def test_learning_rate_sweep_reports_the_best_rate(files, tmp_path):
+    root, spm = files
+    run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+        "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--lr", "1e-6", "3e-3")
+    results = json.loads((tmp_path / "results.json").read_text())
+    per_lr = {float(lr): table["average"]["accuracy"] for lr, table in results["per_lr"].items()}
+    assert set(per_lr) == {1e-6, 3e-3} and results["lr"] == max(per_lr, key=per_lr.get)
+    assert results["results"] == results["per_lr"][f"{results['lr']:g}"]
+    assert (tmp_path / "lr-1e-06" / "seed-0").is_dir() and (tmp_path / "lr-0.003" / "seed-0").is_dir()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,7 +193,7 @@ def test_panx_zero_shot_predict_score_round_trip(files, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "average" in out and "precision" in out
     prediction = tmp_path / "pred-de.tsv"
-    evaluate.main(["predict", "--model", str(tmp_path / "run" / "seed-0"), "--task", "panx", "--input", str(gold),
+    evaluate.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "panx", "--input", str(gold),
                    "--output", str(prediction)])
     capsys.readouterr()
     evaluate.main(["score", "--task", "panx", "--gold", str(gold), "--predictions", str(prediction)])
@@ -199,7 +224,7 @@ def test_xquad_zero_shot_on_held_out_articles_and_round_trip(files, tmp_path, ca
     gold = tmp_path / "gold-de.json"
     gold.write_text(json.dumps({"version": "1.1", "data": [{"title": "held out", "paragraphs": kept}]}))
     prediction = tmp_path / "pred-de.json"
-    evaluate.main(["predict", "--model", str(tmp_path / "run" / "seed-0"), "--task", "xquad", "--input", str(gold),
+    evaluate.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "xquad", "--input", str(gold),
                    "--output", str(prediction)])
     assert set(json.loads(prediction.read_text())) == {qa["id"] for p in kept for qa in p["qas"]}
     capsys.readouterr()
