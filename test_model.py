@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from configs import CONFIGS
-from model import (Encoder, MaskedLM, ModelConfig, SequenceClassifier, SpanExtractor, TokenClassifier,
+from model import (Dropout, Encoder, MaskedLM, ModelConfig, SequenceClassifier, SpanExtractor, TokenClassifier,
                    count_parameters, save_hf)
 
 SMALL = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64,
@@ -275,6 +275,24 @@ def test_heads_train_on_a_toy_task():
 def test_impossible_configs_fail_clearly(changes, message):
     with pytest.raises(ValueError, match=message):
         replace(SMALL, **changes)
+
+
+def test_cpu_dropout_drops_p_of_each_lane_and_rescales():
+    torch.manual_seed(0)
+    for p in (0.1, 0.5, 0.9):
+        dropout = Dropout(p).train()
+        x = torch.ones(1 << 20, requires_grad=True)
+        y = dropout(x)
+        kept = y != 0
+        for lane in (kept[0::2], kept[1::2]):  # the two 16-bit halves of each int32 draw
+            assert abs(1 - lane.float().mean().item() - p) < 0.005
+        assert torch.allclose(y[kept], torch.tensor(1 / (1 - p)))
+        y.sum().backward()
+        assert torch.equal(x.grad, y.detach())  # the gradient goes through the same mask
+    odd = Dropout(0.5).train()(torch.ones(7))  # F.dropout's path
+    assert set(odd.tolist()) <= {0.0, 2.0}
+    x = torch.randn(10)
+    assert torch.equal(Dropout(0.5).eval()(x), x)
 
 
 def test_sequence_longer_than_positions_fails_clearly():
