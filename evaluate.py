@@ -23,9 +23,9 @@ Scoring (prints one JSON object; figures in percent):
   python evaluate.py score --task panx --gold test-de.tsv --predictions pred-de.tsv
   python evaluate.py score --task xnli --gold dev-de.tsv --predictions pred-de.txt
 Analyses (single process; --device auto picks a GPU when torch sees one, PJRT_DEVICE=TPU selects a TPU):
-  python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-300.pt --tokenizer out/tokenizer/spm.model \
+  python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-00000800.pt --tokenizer out/tokenizer/spm.model \
       --data held_out.txt
-  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-300.pt --tokenizer out/tokenizer/spm.model \
+  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800.pt --tokenizer out/tokenizer/spm.model \
       --source ../shared/data/xquad/xquad.en.json --target ../shared/data/xquad/xquad.zh.json
 """
 

@@ -22,10 +22,10 @@ half of the English articles and evaluate all 12 languages on the held-out artic
 (--train-fraction; the files are parallel, the ids shared). XNLI and PAWS-X likewise on their
 line-parallel dev files. PAN-X trains on train-en.tsv and evaluates the other languages' dev files.
 
-  CPU:      python finetune.py --task xquad --init out/pretrain/ckpt-00000300.pt --lr 1e-4 \\
+  CPU:      python finetune.py --task xquad --init out/pretrain/ckpt-00000800.pt --lr 1e-4 \\
                 --train ../shared/data/xquad/xquad.en.json --train-fraction 0.5 \\
                 --eval ../shared/data/xquad/xquad.*.json --seq-len 256 --batch-size 16
-            python finetune.py --task panx --init out/pretrain/ckpt-00000300.pt --lr 1e-4 \\
+            python finetune.py --task panx --init out/pretrain/ckpt-00000800.pt --lr 1e-4 \\
                 --train ../shared/data/ner/panx/train-en.tsv --eval ../shared/data/ner/panx/dev-*.tsv
   one GPU:  python finetune.py --task xnli --init rembert/ --device cuda --seeds 1 2 3 \\
                 --train multinli.train.en.tsv --eval xnli/dev-*.tsv
