@@ -25,7 +25,8 @@ Commands (each prints a table and one JSON line per figure):
 `loader` streams data.MLMLoader (one DataLoader worker, the tiny config's 8000-piece tokenizer trained on
 sample_data/) over a generated multilingual corpus of --size-gb (default 1 GB, written once under
 --corpus-dir in /tmp, never in the repository): tokens per second (non-padding pieces of the batches) and
-the resident memory of the main process and the worker, sampled while streaming (it must stay flat).
+the resident memory of the main process and the worker, sampled while streaming (it must stay flat);
+then the ratio of that rate to what our pre-training step consumes, for the tiny and small configs.
   python benchmark.py loader --seconds 120
 """
 
@@ -493,6 +494,20 @@ def cmd_loader(args):
     emit(benchmark="loader", tokens_per_s=round(tokens / elapsed), corpus_gb=round(total / 1e9, 2),
          scan_s=round(scan, 1), peak_rss_main_mb=round(_rss_mb(os.getpid(), "VmHWM")),
          peak_rss_worker_mb=round(worker_peak), load_average=os.getloadavg()[0])
+    del loader  # stop the worker before timing the models
+    # What the model eats: tokens/s of our pre-training step on the same batch shape, in this process.
+    for name in ("tiny", "small"):
+        config = CONFIGS[name]
+        batch = make_batch(config, args.batch_size, args.seq_len, args.max_predictions, torch.Generator().manual_seed(0))
+        runner = Runner("pretrain", "ours", build_ours("pretrain", config), batch, torch.device("cpu"), "fused")
+        for _ in range(2):
+            runner.step()
+        seconds = statistics.median(runner.timed_step() for _ in range(5))
+        consumed = args.batch_size * args.seq_len / seconds
+        print(f"{name}: the pre-training step consumes {consumed:,.0f} tokens/s; the loader's one worker makes "
+              f"{tokens / elapsed / consumed:.1f}x that")
+        emit(benchmark="loader_vs_model", config=name, model_tokens_per_s=round(consumed),
+             ratio=round(tokens / elapsed / consumed, 2))
 
 
 def main():

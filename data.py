@@ -1,8 +1,9 @@
 """Data for RemBERT: the SentencePiece vocabulary, the multilingual masked-LM input stream of pre-training,
-and the XTREME task formats of fine-tuning (Chung et al., ICLR 2021, Sections 3 and 7; pre-training input as
-in mBERT / google-research/bert create_pretraining_data.py, task features as in run_squad.py / XTREME).
+and the XTREME task formats of fine-tuning (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7;
+pre-training input as in mBERT / google-research/bert create_pretraining_data.py, task features as in
+run_squad.py / XTREME).
 
-Tokenizer (Section 3: "a SentencePiece vocabulary", unigram LM)
+Tokenizer (Appendix A.3: SentencePiece trained with unigram language modeling)
   train_tokenizer(files, vocab_size, model_prefix, alpha=0.5) -> "PREFIX.model". The training text is sampled
       per language with p_l ∝ n_l^alpha (as pre-training), so small languages get pieces. Pieces 0-4 are
       [PAD] [UNK] [CLS] [SEP] [MASK]; [CLS] [SEP] [MASK] are control symbols (the text "[MASK]" is never one).
@@ -47,7 +48,7 @@ Masked-LM stream (pre-training)
     would have yielded, with or without workers.
   Bad input fails before any batch: a missing or empty file, or a non-UTF-8 byte (with the line number).
 
-XTREME tasks (Section 7): read_pairs (XNLI, PAWS-X TSV), read_tagging (PAN-X, UD-POS), read_squad (XQuAD,
+XTREME tasks (Section 3, Appendix A.4): read_pairs (XNLI, PAWS-X TSV), read_tagging (PAN-X, UD-POS), read_squad (XQuAD,
 MLQA, TyDiQA-GoldP) -> examples; pair_features, tagging_features, squad_features -> dicts of (N, seq_len)
 tensors the task heads of model.py take as **kwargs; tagging_predictions and decode_spans map outputs back
 to one label per word and to answer text cut from the original context.
@@ -193,7 +194,7 @@ def iter_lines(path):
 
 
 def sampling_probabilities(counts, alpha):
-    """p_l ∝ n_l^alpha (Section 3 with alpha = 0.5; mBERT used 0.7): {language: probability}."""
+    """p_l ∝ n_l^alpha (Appendix A.7: alpha = 0.5; mBERT used 0.7): {language: probability}."""
     weights = {lang: n ** alpha for lang, n in counts.items()}
     total = sum(weights.values())
     return {lang: w / total for lang, w in weights.items()}

@@ -1,6 +1,6 @@
-"""Evaluation for "Rethinking Embedding Coupling in Pre-trained Language Models" (Chung et al., ICLR 2021).
+r"""Evaluation for "Rethinking Embedding Coupling in Pre-trained Language Models" (Chung et al., ICLR 2021).
 
-The paper fine-tunes on English and evaluates zero-shot on the XTREME tasks (Section 2, Tables 2-7, 10, 15).
+The paper fine-tunes on English and evaluates zero-shot on the XTREME tasks (Section 3, Tables 2-7).
 This file holds the official metrics of those tasks, re-implemented so that they give the official
 scripts' figures to the last digit (figures in percent, as those scripts print them):
 
@@ -15,7 +15,7 @@ It also runs the paper's analyses of a pre-trained model: masked-LM accuracy on 
 per layer, nearest-neighbour translation accuracy between parallel sentences (Section 6, Figure 2).
 
 Predicting with a model that finetune.py saved, in the formats that `score` reads:
-  python evaluate.py predict --model out/finetune/seed-0 --task xquad --input ../shared/data/xquad/xquad.de.json \
+  python evaluate.py predict --model out/finetune/lr-0.0001/seed-0 --task xquad --input ../shared/data/xquad/xquad.de.json \
       --output pred.json
 Scoring (prints one JSON object; figures in percent):
   python evaluate.py score --task xquad --gold ../shared/data/xquad/xquad.de.json --predictions pred.json

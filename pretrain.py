@@ -1,4 +1,4 @@
-r"""Masked-LM pre-training of RemBERT: the paper's recipe for every model it compares (Sections 3-7),
+r"""Masked-LM pre-training of RemBERT: the paper's recipe for every model it compares (Sections 4-5),
 with the optimisation of Table 14 (AdamW β1 0.9, β2 0.999, ε 1e-6, weight decay 0.01, gradient
 clipping at norm 1, linear warm-up then linear decay), on CPU, CUDA GPUs or TPUs (torch-xla).
 
@@ -106,8 +106,8 @@ def _parse_bool(text):
 def _add_field(group, f, default, help):
     parse = _parse_bool if f.type is bool else f.type
     extra = {"nargs": "?", "const": True} if f.type is bool else {}  # --resume alone means true
-    group.add_argument(f"--{f.name}", type=parse, default=default, help=help, metavar=f.type.__name__.upper(),
-                       **extra)
+    names = dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"])  # --seq_len or --seq-len
+    group.add_argument(*names, type=parse, default=default, help=help, metavar=f.type.__name__.upper(), **extra)
 
 
 def parse_args(argv=None):
