@@ -79,12 +79,6 @@ import torch
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a word
 
-# Label lists of the XTREME tasks, in the order of the classifier's outputs.
-XNLI_LABELS = ("contradiction", "entailment", "neutral")
-PAWSX_LABELS = ("0", "1")
-PANX_LABELS = ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC")  # IOB2
-UDPOS_LABELS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
-                "PUNCT", "SCONJ", "SYM", "VERB", "X")  # the 17 Universal Dependencies v2 tags
 LABEL_ALIASES = {"contradictory": "contradiction"}  # XNLI-MT's translated MultiNLI train files
 
 

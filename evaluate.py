@@ -41,6 +41,7 @@ from collections import Counter
 from pathlib import Path
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
+# The label sets, in the order of the task heads' outputs (finetune.py).
 CLASSIFICATION_LABELS = {
     "xnli": ("contradiction", "entailment", "neutral"),
     "pawsx": ("0", "1"),

@@ -263,7 +263,10 @@ def load_finetuned(path):
 # Task data (data.py does the reading, the features and the span decoding)
 
 def read_examples(task, path):
-    return {"classification": data.read_pairs, "tagging": data.read_tagging, "qa": data.read_squad}[task.kind](path)
+    """Every line is checked as it is read: a label outside the task's set fails with file and line."""
+    if task.kind == "qa":
+        return data.read_squad(path)
+    return {"classification": data.read_pairs, "tagging": data.read_tagging}[task.kind](path, task.labels)
 
 
 def features(task, tokenizer, examples, settings, training):

@@ -16,6 +16,7 @@ import sentencepiece as spm
 import torch
 
 import data
+from evaluate import CLASSIFICATION_LABELS, TAGGING_LABELS
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
@@ -315,7 +316,7 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
 def test_every_shared_classification_and_tagging_file_reads():
     pairs = sorted((SHARED / "xnli").glob("**/*.tsv")) + sorted((SHARED / "pawsx").glob("**/*.tsv"))
     for path in pairs:
-        labels = data.XNLI_LABELS if "xnli" in str(path) else data.PAWSX_LABELS
+        labels = CLASSIFICATION_LABELS["xnli"] if "xnli" in str(path) else CLASSIFICATION_LABELS["pawsx"]
         examples = data.read_pairs(str(path), labels)
         assert examples and all(e.label in labels for e in examples), path
         if path.parent.name in ("xnli", "pawsx"):
@@ -328,7 +329,7 @@ def test_every_shared_classification_and_tagging_file_reads():
     assert "\x1c" in ko[823].sentence1 + ko[823].sentence2
     tagged = sorted((SHARED / "ner").glob("**/*-*"))
     for path in tagged:
-        examples = data.read_tagging(str(path), data.PANX_LABELS)
+        examples = data.read_tagging(str(path), TAGGING_LABELS["panx"])
         assert examples and all(len(e.tokens) == len(e.labels) for e in examples), path
         assert not any(re.match(r"[a-z]{2}:", t) for e in examples for t in e.tokens), path  # prefix removed
     assert len(data.read_tagging(str(SHARED / "ner" / "panx" / "train-en.tsv"))) == 1000
@@ -342,11 +343,11 @@ def test_task_input_errors_name_the_file_and_line(tmp_path):
         data.read_pairs(str(bad))
     bad.write_text("a\tb\tentailment\nc\td\tmaybe\n")
     with pytest.raises(data.DataError, match=r"dev-en.tsv:2: unknown label 'maybe'"):
-        data.read_pairs(str(bad), data.XNLI_LABELS)
+        data.read_pairs(str(bad), CLASSIFICATION_LABELS["xnli"])
     tags = tmp_path / "dev-de.tsv"
     tags.write_text("Berlin\tB-LOC\n\nist\tO\nschön\tB-ADJ\n")
     with pytest.raises(data.DataError, match=r"dev-de.tsv:4: unknown label 'B-ADJ'"):
-        data.read_tagging(str(tags), data.PANX_LABELS)
+        data.read_tagging(str(tags), TAGGING_LABELS["panx"])
     tags.write_text("Berlin\tB-LOC\tx\n")
     with pytest.raises(data.DataError, match=r"dev-de.tsv:1: 3 tab-separated fields"):
         data.read_tagging(str(tags))
@@ -363,32 +364,32 @@ def test_task_input_errors_name_the_file_and_line(tmp_path):
 def test_pair_and_tagging_features(tokenizer, tmp_path):
     path = tmp_path / "dev-en.tsv"
     path.write_text('The harbour town wakes up.\t"The ""town"" sleeps."\tcontradiction\nA\tB\tneutral\n')
-    examples = data.read_pairs(str(path), data.XNLI_LABELS)
+    examples = data.read_pairs(str(path), CLASSIFICATION_LABELS["xnli"])
     assert examples[0].sentence2 == 'The "town" sleeps.'
-    t = data.pair_features(tokenizer, examples, data.XNLI_LABELS, seq_len=12)
+    t = data.pair_features(tokenizer, examples, CLASSIFICATION_LABELS["xnli"], seq_len=12)
     assert t["labels"].tolist() == [0, 2] and t["input_ids"].shape == (2, 12)
     first = t["input_ids"][0].tolist()
     assert first[0] == tokenizer.cls_id and first.count(tokenizer.sep_id) == 2 and first[-1] == tokenizer.sep_id
     assert t["token_type_ids"][0].tolist() == [0] * (first.index(tokenizer.sep_id) + 1) + [1] * (11 - first.index(tokenizer.sep_id))
     tags = tmp_path / "en-dev"
     tags.write_text("en:Marta\tB-PER\nen:visited\tO\nen:Köln\tB-LOC\nen:today\tO\n\nen:Die\tO\n")
-    examples = data.read_tagging(str(tags), data.PANX_LABELS)
+    examples = data.read_tagging(str(tags), TAGGING_LABELS["panx"])
     assert examples[0].tokens == ["Marta", "visited", "Köln", "today"]
-    t = data.tagging_features(tokenizer, examples, data.PANX_LABELS, seq_len=16)
+    t = data.tagging_features(tokenizer, examples, TAGGING_LABELS["panx"], seq_len=16)
     gold = t["labels"].clone()
     assert (gold[:, 0] == -100).all() and sorted(gold[0][gold[0] != -100].tolist()) == [0, 0, 1, 5]
-    assert data.tagging_predictions(examples, t, gold.clamp(min=0), data.PANX_LABELS) == [e.labels for e in examples]
+    assert data.tagging_predictions(examples, t, gold.clamp(min=0), TAGGING_LABELS["panx"]) == [e.labels for e in examples]
     with pytest.warns(UserWarning, match=r"\d words did not fit in 6 pieces"):
-        t = data.tagging_features(tokenizer, examples[:1], data.PANX_LABELS, seq_len=6)
-    predicted = data.tagging_predictions(examples[:1], t, t["labels"].clamp(min=0), data.PANX_LABELS)
+        t = data.tagging_features(tokenizer, examples[:1], TAGGING_LABELS["panx"], seq_len=6)
+    predicted = data.tagging_predictions(examples[:1], t, t["labels"].clamp(min=0), TAGGING_LABELS["panx"])
     assert predicted == [["B-PER", "O", "O", "O"]]  # the cut words get labels[0]
 
 
 @needs_shared
 def test_panx_word_labels_survive_features_and_predictions(tokenizer):
-    examples = data.read_tagging(str(SHARED / "ner" / "panx" / "dev-ru.tsv"), data.PANX_LABELS)
-    t = data.tagging_features(tokenizer, examples, data.PANX_LABELS, seq_len=128)
-    assert data.tagging_predictions(examples, t, t["labels"].clamp(min=0), data.PANX_LABELS) == [e.labels for e in examples]
+    examples = data.read_tagging(str(SHARED / "ner" / "panx" / "dev-ru.tsv"), TAGGING_LABELS["panx"])
+    t = data.tagging_features(tokenizer, examples, TAGGING_LABELS["panx"], seq_len=128)
+    assert data.tagging_predictions(examples, t, t["labels"].clamp(min=0), TAGGING_LABELS["panx"]) == [e.labels for e in examples]
 
 
 def test_span_decoding_follows_max_context_n_best_and_max_answer_length(tokenizer):

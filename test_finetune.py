@@ -13,7 +13,7 @@ import torch
 
 import evaluate
 import finetune
-from data import train_tokenizer
+import data
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
@@ -54,7 +54,7 @@ def files(tmp_path_factory):
             squad = json.loads((SHARED / "xquad" / f"xquad.{lang}.json").read_text())
             text += [p["context"] for a in squad["data"][:3] for p in a["paragraphs"]]
     (root / "corpus.txt").write_text("\n".join(text) + "\n")
-    spm = train_tokenizer([str(root / "corpus.txt")], VOCAB, str(root / "spm"))
+    spm = data.train_tokenizer([str(root / "corpus.txt")], VOCAB, str(root / "spm"))
     return root, spm
 
 
@@ -131,6 +131,16 @@ def test_command_line_errors_are_clear(files, capsys):
     with pytest.raises(ValueError, match="cannot tell the language"):
         run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
             "--eval", root / "corpus.txt", *SMALL_ARGS)
+
+
+def test_a_bad_label_in_an_evaluation_file_fails_before_training(files, tmp_path):
+    root, spm = files
+    bad = tmp_path / "tags-de.tsv"
+    bad.write_text("Berlin\tB-LOC\nist\tO\n\nParis\tB-CITY\n")
+    with pytest.raises(data.DataError, match=r"tags-de.tsv:4: unknown label 'B-CITY'"):
+        run("--task", "panx", "--config", "tiny", "--tokenizer", spm, "--train", root / "tags-en.tsv",
+            "--eval", bad, "--out-dir", tmp_path, *SMALL_ARGS)
+    assert not (tmp_path / "lr-0.001").exists()
 
 
 def test_defaults_are_table_10_and_table_15_for_rembert(tmp_path):
