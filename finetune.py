@@ -15,7 +15,9 @@ the paper reports its dev sets); for RemBERT (an encoder of its shape), Table 15
 The per-language table (mean over --seeds; the paper averages 3) goes to stdout and, with every
 rate's and seed's figures, to --out-dir/results.json. Each run's model is saved in transformers'
 layout under --out-dir/lr-RATE/seed-N/, so `python evaluate.py predict --model DIR ...` can
-predict with it later.
+predict with it later. A run's training state is saved atomically every --checkpoint-every steps;
+after a crash, the same command with --resume skips the finished runs and continues the
+interrupted one from its last save, to the weights an uninterrupted run ends with.
 
 With the shared demo data (../shared/data): XQuAD has no training split, so train on the first
 half of the English articles and evaluate all 12 languages on the held-out articles' questions
@@ -123,6 +125,17 @@ class FinetuneConfig:
     keep_layers: int = field(default=0, metadata={
         "help": "keep only the encoder's first K layers (Figure 1; 0: all)"})
     log_every: int = field(default=20, metadata={"help": "steps between log lines"})
+    checkpoint_every: int = field(default=500, metadata={
+        "help": "steps between saves of the training state (also saved when training ends)"})
+    resume: bool = field(default=False, metadata={
+        "help": "continue the runs in --out-dir: finished ones keep their scores, an interrupted one "
+                "continues from its last saved step"})
+
+
+# What the trained models depend on: a run may only be resumed with the same values.
+TRAINING_FIELDS = ("task", "init", "config", "tokenizer", "train", "train_fraction", "max_train", "eval", "max_eval",
+                   "seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best", "batch_size", "epochs",
+                   "warmup_fraction", "weight_decay", "max_grad_norm", "dropout", "keep_layers")
 
 
 def parse_args(argv=None):
@@ -135,6 +148,8 @@ def parse_args(argv=None):
             kind = {"eval": str, "seeds": int, "lr": float}[f.name]
             parser.add_argument(flag, nargs="+", type=kind, default=default,
                                 help=f.metadata["help"] + (f" (default: {default})" if default else ""))
+        elif f.type is bool:
+            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
         else:
             parser.add_argument(flag, type=type(f.default), default=default,
                                 help=f"{f.metadata['help']} (default: {default!r})")
@@ -150,7 +165,7 @@ def parse_args(argv=None):
         problems.append("--train is required")
     if not 0.0 < cfg.train_fraction <= 1.0:
         problems.append(f"--train-fraction must be in (0, 1], got {cfg.train_fraction}")
-    for name in ("eval_batch_size", "epochs", "log_every", "doc_stride", "max_query_length",
+    for name in ("eval_batch_size", "epochs", "log_every", "checkpoint_every", "doc_stride", "max_query_length",
                  "max_answer_length", "n_best"):
         if getattr(cfg, name) < 1:
             problems.append(f"--{name.replace('_', '-')} must be positive")
@@ -346,7 +361,10 @@ def eval_sets(cfg, task, held_out):
 # Training and prediction, with static shapes: whole training batches only (the last partial one
 # of each epoch is dropped), evaluation batches padded to full size (padding rows are cut after)
 
-def train(model, tensors, cfg, lr, runtime, seed, log):
+def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
+    """Fine-tune `model` in place. Every --checkpoint-every steps and at the end, the training state
+    (weights, optimizer, step, each process's RNG) goes to `state_path`, written atomically; when that
+    file exists, training continues from it and ends with the weights an uninterrupted run has."""
     n = tensors["input_ids"].shape[0]
     per_step = cfg.batch_size
     if per_step % runtime.world_size:
@@ -359,22 +377,40 @@ def train(model, tensors, cfg, lr, runtime, seed, log):
     warmup = int(cfg.warmup_fraction * total)
     ddp_model = runtime.wrap_model(model)
     optimizer = build_optimizer(model, lr, cfg.weight_decay)
-    generator = torch.Generator().manual_seed(seed)  # the same order in every process
+    first = 0
+    if os.path.exists(state_path):
+        state = torch.load(state_path, map_location="cpu", weights_only=True)
+        if len(state["rng"]) != runtime.world_size:
+            raise ValueError(f"{state_path} was written by {len(state['rng'])} processes, this run has "
+                             f"{runtime.world_size}")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        runtime.set_rng_state(state["rng"][runtime.rank])
+        first = state["step"]
+        log(f"resumed from {state_path} at step {first}")
 
     def batches():
-        for _ in range(cfg.epochs):
+        generator = torch.Generator().manual_seed(seed)  # the same order in every process
+        for epoch in range(cfg.epochs):
             order = torch.randperm(n, generator=generator)
-            for step in range(steps_per_epoch):
+            for step in range(max(0, first - epoch * steps_per_epoch), steps_per_epoch):
                 start = step * per_step + runtime.rank * per_process
                 rows = order[start:start + per_process]
                 yield {k: v[rows] for k, v in tensors.items()}
+
+    def save(step):
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                 "rng": runtime.gather_object(runtime.rng_state())}
+        if runtime.is_main:
+            os.makedirs(os.path.dirname(state_path), exist_ok=True)
+        runtime.save(state, state_path)
 
     log(f"training: {n} sequences, {total} steps of {per_step} ({steps_per_epoch} per epoch), "
         f"lr {lr:g}, warm-up {warmup}")
     ddp_model.train()
     stats = torch.zeros(2, device=runtime.device)  # [sum of losses, steps]: read only when logging
-    last_log, last_step = time.time(), 0
-    for step, batch in enumerate(runtime.loader(batches())):
+    last_log, last_step = time.time(), first
+    for step, batch in enumerate(runtime.loader(batches()), first):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, warmup, total, lr)
         with runtime.autocast():
@@ -383,16 +419,22 @@ def train(model, tensors, cfg, lr, runtime, seed, log):
         runtime.optimizer_step(optimizer, cfg.max_grad_norm)
         optimizer.zero_grad(set_to_none=True)
         stats += torch.stack([loss.detach().float(), torch.ones((), device=runtime.device)])
-        if (step + 1) % cfg.log_every and step + 1 != total:
+        checkpoint = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total
+        logging = (step + 1) % cfg.log_every == 0 or step + 1 == total
+        if not (checkpoint or logging):
             continue
+        # The host sync: the loss is checked before every save, so no saved state holds a bad step.
         loss_sum, count = runtime.all_reduce_sum(stats.clone()).tolist()
         stats.zero_()
         if not math.isfinite(loss_sum):
             raise FloatingPointError(f"the loss became {loss_sum / count} by step {step + 1}; try a lower --lr")
-        now = time.time()
-        log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, lr):.2e} "
-            f"| {(step + 1 - last_step) * per_step / (now - last_log):.1f} seq/s")
-        last_log, last_step = now, step + 1
+        if checkpoint:
+            save(step + 1)
+        if logging:
+            now = time.time()
+            log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} "
+                f"| lr {lr_at(step, warmup, total, lr):.2e} | {(step + 1 - last_step) * per_step / (now - last_log):.1f} seq/s")
+            last_log, last_step = now, step + 1
     return model
 
 
@@ -449,6 +491,28 @@ def predict_file(model_dir, task_name, input_path, output_path, device="auto", b
 # ----------------------------------------------------------------------------------------------
 # The zero-shot table
 
+def check_out_dir(cfg, runtime):
+    """A fresh --out-dir records the training settings; one that holds runs needs --resume and the same
+    settings, so that resumed and reused runs are runs of this command."""
+    path = os.path.join(cfg.out_dir, "finetune-config.json")
+    ours = {name: getattr(cfg, name) for name in TRAINING_FIELDS}
+    if not os.path.exists(path):
+        if runtime.is_main:
+            os.makedirs(cfg.out_dir, exist_ok=True)
+            with open(path, "w") as f:
+                json.dump(ours, f, indent=2)
+        return
+    if not cfg.resume:
+        raise FileExistsError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
+                              f"or choose another --out-dir")
+    with open(path) as f:
+        theirs = json.load(f)
+    differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now" for k, v in ours.items() if theirs.get(k) != v]
+    if differ:
+        raise ValueError(f"{cfg.out_dir} holds runs made with other settings ({'; '.join(differ)}); "
+                         f"resume with the same ones, or choose another --out-dir")
+
+
 def print_table(title, table, log):
     """table: {language: {metric: value}}; the last row is the average over languages."""
     metrics = list(next(iter(table.values())))
@@ -480,18 +544,26 @@ def run(cfg):
     evals = eval_sets(cfg, task, held_out)
     log(f"{cfg.train}: {len(train_examples)} training examples; evaluating "
         + ", ".join(f"{name} ({len(examples)})" for name, (_, examples) in evals.items()))
+    check_out_dir(cfg, runtime)
 
     sweep = {}  # lr -> seed -> {eval set: {metric: value}}
     for lr in cfg.lr:
         sweep[lr] = {}
         for seed in cfg.seeds:
+            run_dir = os.path.join(cfg.out_dir, f"lr-{lr:g}", f"seed-{seed}")
+            scores_path = os.path.join(run_dir, "scores.json")
+            if os.path.exists(scores_path):  # only with --resume: check_out_dir saw to that
+                with open(scores_path) as f:
+                    sweep[lr][seed] = json.load(f)
+                log(f"{run_dir} was finished before; its scores are reused")
+                continue
             torch.manual_seed(seed)  # the head's initialisation and dropout
             encoder = build_encoder(cfg, log)
             if tokenizer.vocab_size > encoder.config.vocab_size:
                 raise ValueError(f"{tokenizer_file} has {tokenizer.vocab_size} pieces, more than the model's "
                                  f"vocab_size {encoder.config.vocab_size}: not the model's tokenizer")
             model = build_model(task, encoder, cfg.dropout)
-            train(model, train_tensors, cfg, lr, runtime, seed, log)
+            train(model, train_tensors, cfg, lr, runtime, seed, log, os.path.join(run_dir, "train-state.pt"))
             scores = {name: score(cfg.task, lang, examples,
                                   predict_examples(model, tokenizer, task, examples, settings,
                                                    cfg.eval_batch_size, runtime))
@@ -499,10 +571,13 @@ def run(cfg):
             scores["average"] = average(list(scores.values()))
             sweep[lr][seed] = scores
             print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
-            if runtime.is_main:
-                path = os.path.join(cfg.out_dir, f"lr-{lr:g}", f"seed-{seed}")
-                save_finetuned(model.cpu(), cfg, tokenizer_file, path)
-                log(f"saved the fine-tuned model to {path}")
+            if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
+                save_finetuned(model.cpu(), cfg, tokenizer_file, run_dir)
+                with open(scores_path + ".tmp", "w") as f:
+                    json.dump(scores, f, indent=2)
+                os.replace(scores_path + ".tmp", scores_path)
+                os.remove(os.path.join(run_dir, "train-state.pt"))
+                log(f"saved the fine-tuned model to {run_dir}")
 
     # The mean over seeds for each rate; the rate with the best average of the task's first metric.
     tables = {lr: {name: average([runs[s][name] for s in cfg.seeds]) for name in runs[cfg.seeds[0]]}

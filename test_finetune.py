@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 import evaluate
 import finetune
@@ -118,7 +119,7 @@ def test_keep_layers_drops_the_last_layers(files, hf_dir, tmp_path):
     assert json.loads((tmp_path / "lr-0.001" / "seed-0" / "config.json").read_text())["num_hidden_layers"] == 1
     with pytest.raises(ValueError, match="--keep-layers 3: the encoder has 2 layers"):
         run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
-            "--keep-layers", "3", "--out-dir", tmp_path, *SMALL_ARGS)
+            "--keep-layers", "3", "--out-dir", tmp_path / "three", *SMALL_ARGS)
 
 
 def test_command_line_errors_are_clear(files, capsys):
@@ -141,6 +142,39 @@ def test_a_bad_label_in_an_evaluation_file_fails_before_training(files, tmp_path
         run("--task", "panx", "--config", "tiny", "--tokenizer", spm, "--train", root / "tags-en.tsv",
             "--eval", bad, "--out-dir", tmp_path, *SMALL_ARGS)
     assert not (tmp_path / "lr-0.001").exists()
+
+
+def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch, capsys):
+    root, spm = files
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", f"en={root / 'pairs-en.tsv'}", *SMALL_ARGS, "--epochs", "2", "--checkpoint-every", "2"]
+    run(*args, "--out-dir", tmp_path / "whole")
+
+    def crash_at_step_3(step, *rest):  # after the state of step 2 was saved
+        if step == 3:
+            raise KeyboardInterrupt
+        return lr_at(step, *rest)
+    lr_at = finetune.lr_at
+    monkeypatch.setattr(finetune, "lr_at", crash_at_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        run(*args, "--out-dir", tmp_path / "crashed")
+    monkeypatch.setattr(finetune, "lr_at", lr_at)
+    assert (tmp_path / "crashed" / "lr-0.001" / "seed-0" / "train-state.pt").exists()
+    with pytest.raises(FileExistsError, match="pass --resume"):
+        run(*args, "--out-dir", tmp_path / "crashed")
+    with pytest.raises(ValueError, match="--epochs 2 then, 3 now"):
+        run(*args, "--out-dir", tmp_path / "crashed", "--resume", "--epochs", "3")
+    capsys.readouterr()
+    run(*args, "--out-dir", tmp_path / "crashed", "--resume")
+    assert "at step 2" in capsys.readouterr().out
+    whole, resumed = (load_file(tmp_path / d / "lr-0.001" / "seed-0" / "model.safetensors") for d in ("whole", "crashed"))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    assert not (tmp_path / "crashed" / "lr-0.001" / "seed-0" / "train-state.pt").exists()
+    # A finished run is not trained again: its scores are reused.
+    run(*args, "--out-dir", tmp_path / "crashed", "--resume")
+    assert "finished before" in capsys.readouterr().out
+    results = [json.loads((tmp_path / d / "results.json").read_text())["results"] for d in ("whole", "crashed")]
+    assert results[0] == results[1]
 
 
 def test_defaults_are_table_10_and_table_15_for_rembert(tmp_path):
