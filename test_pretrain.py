@@ -87,14 +87,14 @@ def test_tied_embedding_is_optimised_once():
 
 def test_overrides_are_typed_and_checked(capsys):
     name, model_config, train_config = pretrain.parse_args(
-        ["--config", "small", "--dropout=0", "--tie_embeddings=false", "--num_layers=3", "--lr=2e-4",
+        ["--config", "small", "--dropout=0", "--tie-embeddings=false", "--num_layers=3", "--lr=2e-4",
          "--resume"])
     assert name == "small" and model_config.num_layers == 3 and model_config.hidden_size == 256
     assert model_config.dropout == 0.0 and model_config.tie_embeddings is False
     assert train_config.lr == 2e-4 and train_config.resume is True
     for argv, message in [
         (["--hiden_size=64"], "unknown option --hiden_size; did you mean --hidden_size?"),
-        (["--hidden_size=big"], "argument --hidden_size: invalid int value: 'big'"),
+        (["--hidden_size=big"], "argument --hidden_size/--hidden-size: invalid int value: 'big'"),
         (["--tie_embeddings=maybe"], "expected true or false"),
         (["--config=huge"], "invalid choice: 'huge'"),
         (["--hidden_size=100", "--num_heads=3"], "hidden_size 100 is not divisible by num_heads 3"),
