@@ -432,8 +432,9 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
             save(step + 1)
         if logging:
             now = time.time()
+            speed = (step + 1 - last_step) * per_step / (now - last_log)
             log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} "
-                f"| lr {lr_at(step, warmup, total, lr):.2e} | {(step + 1 - last_step) * per_step / (now - last_log):.1f} seq/s")
+                f"| lr {lr_at(step, warmup, total, lr):.2e} | {speed:.1f} seq/s")
             last_log, last_step = now, step + 1
     return model
 
@@ -507,7 +508,8 @@ def check_out_dir(cfg, runtime):
                               f"or choose another --out-dir")
     with open(path) as f:
         theirs = json.load(f)
-    differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now" for k, v in ours.items() if theirs.get(k) != v]
+    differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
+              for k, v in ours.items() if theirs.get(k) != v]
     if differ:
         raise ValueError(f"{cfg.out_dir} holds runs made with other settings ({'; '.join(differ)}); "
                          f"resume with the same ones, or choose another --out-dir")

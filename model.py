@@ -2,14 +2,14 @@
 Language Models" (Chung, Févry, Tsai, Johnson, Ruder; ICLR 2021).
 
 The paper's ideas, each in one named place:
-  - decoupled embeddings (Section 4, Table 2): the output embedding `MLMHead.decoder` is its own matrix unless
-    `tie_embeddings=True`, which reuses the input word embedding (the coupled baseline, Table 2);
+  - decoupled embeddings (Section 4, Table 2): the output embedding `MLMHead.decoder` is its own
+    matrix unless `tie_embeddings=True`, which reuses the input word embedding (the coupled baseline);
   - a small input embedding (Section 4, Table 3): words are embedded in `input_embedding_size` (E_in)
     dimensions and `Encoder.embedding_projection` maps them up to `hidden_size` (H);
   - a larger output embedding (Section 5, Table 4): `MLMHead.dense` maps H to `output_embedding_size`
     (E_out), which may exceed H; the head is dropped for fine-tuning;
-  - pre-training-only capacity (Section 5, Table 5): `MaskedLM.pretraining_layers` are Transformer layers on top
-    of the kept `Encoder`, used for pre-training and dropped for fine-tuning.
+  - pre-training-only capacity (Section 5, Table 5): `MaskedLM.pretraining_layers` are Transformer
+    layers on top of the kept `Encoder`, used for pre-training and dropped for fine-tuning.
 
 The computation and the weight names follow Hugging Face's `modeling_rembert.py`, so the released
 RemBERT checkpoint loads with `MaskedLM.from_hf` and matches it numerically. Unlike that
