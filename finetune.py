@@ -55,7 +55,8 @@ import data
 import evaluate
 from configs import CONFIGS
 from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier, save_hf
-from pretrain import build_optimizer, load_pretrained_encoder, lr_at, resolve_device, setup_runtime
+from pretrain import (build_optimizer, load_pretrained_encoder, lr_at, resolve_device, restore_training_state,
+                      setup_runtime)
 
 
 @dataclass(frozen=True)
@@ -380,12 +381,7 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
     first = 0
     if os.path.exists(state_path):
         state = torch.load(state_path, map_location="cpu", weights_only=True)
-        if len(state["rng"]) != runtime.world_size:
-            raise ValueError(f"{state_path} was written by {len(state['rng'])} processes, this run has "
-                             f"{runtime.world_size}")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        runtime.set_rng_state(state["rng"][runtime.rank])
+        restore_training_state(runtime, state, state_path, model, optimizer)
         first = state["step"]
         log(f"resumed from {state_path} at step {first}")
 

@@ -374,14 +374,20 @@ def restore_checkpoint(runtime, path, model, optimizer, loader, model_config):
     if differ:
         raise ValueError(f"{path} was written for another model config ({'; '.join(differ)}); "
                          f"pass the same --config and overrides, or another --out_dir")
-    if len(checkpoint["rng"]) != runtime.world_size:
-        raise ValueError(f"{path} was written by {len(checkpoint['rng'])} processes, this run has "
-                         f"{runtime.world_size}: the data shards would not line up")
-    model.load_state_dict(checkpoint["model"])
-    optimizer.load_state_dict(checkpoint["optimizer"])
+    restore_training_state(runtime, checkpoint, path, model, optimizer)
     loader.load_state_dict(checkpoint["loader"][runtime.rank])
-    runtime.set_rng_state(checkpoint["rng"][runtime.rank])
     return checkpoint["step"]
+
+
+def restore_training_state(runtime, state, path, model, optimizer):
+    """Weights, optimizer and this process's RNG from a saved state (pretrain.py's checkpoints and
+    finetune.py's). Each process saved its own RNG (and data position), so the process count must match."""
+    if len(state["rng"]) != runtime.world_size:
+        raise ValueError(f"{path} was written by {len(state['rng'])} processes, this run has "
+                         f"{runtime.world_size}: the processes' data and random draws would not line up")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    runtime.set_rng_state(state["rng"][runtime.rank])
 
 
 # ----------------------------------------------------------------------------------------------
