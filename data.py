@@ -51,8 +51,10 @@ Masked-LM stream (pre-training)
 XTREME tasks (Section 3, Appendix A.4): read_pairs (XNLI, PAWS-X TSV), read_tagging (PAN-X, UD-POS),
 read_squad (XQuAD, MLQA, TyDiQA-GoldP) -> examples; pair_features, tagging_features, squad_features -> dicts
 of (N, seq_len) tensors the task heads of model.py take as **kwargs; tagging_predictions and decode_spans map
-outputs back to one label per word and to answer text cut from the original context. Command line: python
-data.py tokenizer --input sample_data/*.txt --vocab-size 8000 --out out/tokenizer/spm
+outputs back to one label per word and to answer text cut from the original context.
+
+Command line:
+  python data.py tokenizer --input sample_data/*.txt --vocab-size 8000 --out out/tokenizer/spm
 """
 
 import argparse
