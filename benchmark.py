@@ -2,18 +2,20 @@
 
 `model` times the three steps a user pays for, each against transformers' RemBERT built from the
 same config and the SAME weights (exported with `model.save_hf`, loaded with `from_pretrained`):
-  pretrain  masked-LM step (forward, backward, AdamW): ours gathers the masked positions before the
-            output layer (Section 5's E_out -> vocab matrix, the largest of the model); HF's
-            RemBertForMaskedLM computes logits at every position and ignores the unmasked ones
-            (labels = -100), which is the one difference in work between the two;
-  finetune  sentence-classification step: SequenceClassifier vs RemBertForSequenceClassification;
-  infer     encoder forward without gradients: Encoder vs RemBertModel.
+  pretrain  masked-LM step (forward, backward, AdamW): ours runs the last layer's queries and
+            feed-forward, and the output layer (Section 5's E_out -> vocab matrix, the largest of the
+            model), at the masked positions only; HF's RemBertForMaskedLM computes both at every
+            position and ignores the unmasked ones (labels = -100);
+  finetune  sentence-classification step: SequenceClassifier (last layer at [CLS] only, the one
+            position the pooler reads) vs RemBertForSequenceClassification;
+  infer     encoder forward without gradients: Encoder vs RemBertModel (the same work).
 Steps alternate ours/HF (A B A B ...), so the per-pair ratio survives a noisy machine; the table shows
 the median ratio and its spread. Before timing, both sides compute the loss of one batch with
 dropout off and must agree. MFU is model FLOP/s (`step_flops_per_token`: 6 N + 12 L T H per token,
-the MLM head counted at the masked slots only) over the machine's peak: on CPU the best of float32
-2048x2048 matmuls timed before and after each phase, on CUDA the device's dense bf16 peak. On CPU,
-glibc is told to keep freed memory (`keep_freed_memory`), for both sides.
+with the work ours skips left out) over the machine's peak: on CPU the best of float32 2048x2048
+matmuls timed before and after each phase, on CUDA the device's dense bf16 peak. On CPU, glibc is
+told to keep freed memory (`keep_freed_memory`), for both sides. transformers' RemBERT has only
+eager attention (no SDPA), so that is what it runs.
 
 Commands (each prints a table and one JSON line per figure):
   python benchmark.py model --config small --batch-size 16 --seq-len 128            # CPU
@@ -57,28 +59,31 @@ GPU_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "
 # ----------------------------------------------------------------------------------------------
 # FLOPs, written out: a multiply-add is 2 FLOPs; backward costs twice the forward.
 
-def forward_flops_per_token(config, seq_len, predictions_per_seq, phase):
-    """Forward matmul FLOPs per input token. Embeddings are lookups (no FLOPs). Every token passes
-    the E_in -> H projection and every layer (pre-training-only ones included when pre-training);
-    a layer is 4 H x H matrices (q, k, v, out) + 2 H x I (feed-forward), and attention adds
-    q.k^T and probs.v, 2 * T * H multiply-adds per token. The MLM head (H -> E_out -> vocab) runs
-    only at `predictions_per_seq` of the `seq_len` positions; a classifier only at [CLS]."""
+def forward_flops_per_token(config, seq_len, outputs_per_seq, phase):
+    """Forward matmul FLOPs per input token, when the outputs are read at `outputs_per_seq` of the
+    `seq_len` positions. Embeddings are lookups (no FLOPs). Every token passes the E_in -> H
+    projection and the layers (pre-training-only ones included when pre-training); a layer is
+    4 H x H matrices (q, k, v, out) + 2 H x I (feed-forward), and attention adds q.k^T and
+    probs.v, 2 T H multiply-adds per query. The last layer computes keys and values everywhere but
+    the rest only at the outputs (model.run_layers), where the head runs too: the MLM head
+    (H -> E_out -> vocab) when pre-training, the pooler and classifier when fine-tuning."""
     H, I, T = config.hidden_size, config.intermediate_size, seq_len
+    at_outputs = outputs_per_seq / T
     projection = 2 * config.input_embedding_size * H if config.input_embedding_size != H else 0
-    layer = 2 * (4 * H * H + 2 * H * I) + 2 * (2 * T * H)
+    keys_values = 2 * 2 * H * H
+    rest_of_layer = 2 * (2 * H * H + 2 * H * I) + 2 * (2 * T * H)
     layers = config.num_layers + (config.pretraining_only_layers if phase == "pretrain" else 0)
-    flops = projection + layers * layer
+    flops = projection + layers * keys_values + (layers - 1 + at_outputs) * rest_of_layer
     if phase == "pretrain":
-        V, E_out = config.vocab_size, config.output_embedding_size
-        flops += predictions_per_seq / T * 2 * (H * E_out + E_out * V)
+        flops += at_outputs * 2 * (H * config.output_embedding_size + config.output_embedding_size * config.vocab_size)
     elif phase == "finetune":
-        flops += 2 * (H * H + H * NUM_LABELS) / T  # pooler + classifier at one position per sequence
+        flops += at_outputs * 2 * (H * H + H * NUM_LABELS)
     return flops
 
 
-def step_flops_per_token(config, seq_len, predictions_per_seq, phase):
+def step_flops_per_token(config, seq_len, outputs_per_seq, phase):
     """Training: 6 N + 12 L T H per token (forward + 2x backward); inference: 2 N + 4 L T H."""
-    return forward_flops_per_token(config, seq_len, predictions_per_seq, phase) * (1 if phase == "infer" else 3)
+    return forward_flops_per_token(config, seq_len, outputs_per_seq, phase) * (1 if phase == "infer" else 3)
 
 
 def cpu_matmul_peak(threads, size=2048, repeats=10):
@@ -179,9 +184,11 @@ def load_hf(phase, weights_dir):
 class Runner:
     """A model with its step (forward, backward, AdamW) or, for inference, its no-grad forward."""
 
-    def __init__(self, phase, impl, model, batch, device, adamw):
+    def __init__(self, phase, impl, model, batch, device, adamw, compile=False):
         self.phase, self.impl, self.device = phase, impl, device
         self.model = model.to(device)
+        # The step runs the compiled module; the plain one stays for save_hf and the output check.
+        self.step_model = torch.compile(self.model) if compile else self.model
         self.batch = {k: v.to(device) for k, v in batch.items()}
         self.optimizer = None
         if phase != "infer":
@@ -196,11 +203,11 @@ class Runner:
         if self.phase == "infer":
             self.model.eval()
             with torch.inference_mode(), self.autocast():
-                loss_fn(self.phase, self.impl, self.model, self.batch)
+                loss_fn(self.phase, self.impl, self.step_model, self.batch)
         else:
             self.model.train()
             with self.autocast():
-                loss = loss_fn(self.phase, self.impl, self.model, self.batch)
+                loss = loss_fn(self.phase, self.impl, self.step_model, self.batch)
             loss.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
@@ -218,8 +225,20 @@ class Runner:
             return loss_fn(self.phase, self.impl, self.model, self.batch).float().cpu()
 
 
+def profile(runner, rows, steps=3):
+    """Where a step's time goes: torch.profiler's operators, most self time first."""
+    from torch.profiler import ProfilerActivity
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(steps):
+            runner.step()
+    key = "self_cuda_time_total" if runner.device.type == "cuda" else "self_cpu_time_total"
+    print(f"\n# profile: {runner.phase} step, {runner.impl}, {steps} steps")
+    print(prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60))
+
+
 def peak_rss_in_fresh_process(phase, impl, config, batch_size, seq_len, predictions_per_seq,
-                              weights_dir, adamw, threads, keep_memory, steps=2):
+                              weights_dir, adamw, threads, keep_memory, compile, steps=2):
     """CPU peak memory of one side alone: a spawned process builds it, runs `steps` steps and
     returns its peak RSS and that of its start (Python + torch + transformers). VmHWM, not
     ru_maxrss: Linux carries ru_maxrss over from the parent across fork + exec."""
@@ -230,7 +249,7 @@ def peak_rss_in_fresh_process(phase, impl, config, batch_size, seq_len, predicti
     baseline = _peak_rss()
     batch = make_batch(config, batch_size, seq_len, predictions_per_seq, torch.Generator().manual_seed(0))
     model = build_ours(phase, config) if impl == "ours" else load_hf(phase, weights_dir)
-    runner = Runner(phase, impl, model, batch, torch.device("cpu"), adamw)
+    runner = Runner(phase, impl, model, batch, torch.device("cpu"), adamw, compile)
     for _ in range(steps):
         runner.step()
     return _peak_rss(), baseline
@@ -279,9 +298,9 @@ def bench_phase(phase, config, args, device, weights_root):
     P = args.predictions_per_seq
     batch = make_batch(config, args.batch_size, args.seq_len, P, torch.Generator().manual_seed(0))
     weights_dir = f"{weights_root}/{phase}"
-    ours = Runner(phase, "ours", build_ours(phase, config), batch, device, args.adamw)
+    ours = Runner(phase, "ours", build_ours(phase, config), batch, device, args.adamw, args.compile)
     save_hf(ours.model, weights_dir)  # the same weights on both sides
-    hf = Runner(phase, "hf", load_hf(phase, weights_dir), batch, device, args.adamw)
+    hf = Runner(phase, "hf", load_hf(phase, weights_dir), batch, device, args.adamw, args.compile)
 
     # Equal work check: the same weights give the same loss (hidden states for inference).
     a, b = ours.check_output(), hf.check_output()
@@ -290,20 +309,34 @@ def bench_phase(phase, config, args, device, weights_root):
     if max_diff > tolerance:
         raise SystemExit(f"{phase}: ours and transformers disagree on the same batch (max |diff| {max_diff:.2e})")
 
-    for _ in range(args.warmup):
-        ours.step()
-        hf.step()
+    gpu_memory = {}
+    for impl, runner in (("ours", ours), ("hf", hf)):
+        if device.type == "cuda":
+            # The other side's weights and optimizer state stay put while this side warms up: the
+            # peak above them, plus this side's weights, is what this side needs alone.
+            torch.cuda.reset_peak_memory_stats(device)
+            own = {t.data_ptr(): t.nbytes for t in runner.model.state_dict().values()}  # tied weights once
+            others = torch.cuda.memory_allocated(device) - sum(own.values())
+        for _ in range(max(args.warmup, 2)):  # optimizer state and compiled graphs exist from step 2
+            runner.step()
+        if device.type == "cuda":
+            gpu_memory[impl] = torch.cuda.max_memory_allocated(device) - others
     times = {"ours": [], "hf": []}
     for _ in range(args.steps):  # A B A B: each pair sees the same machine load
         times["ours"].append(ours.timed_step())
         times["hf"].append(hf.timed_step())
     ratios = sorted(h / o for o, h in zip(times["ours"], times["hf"]))
+    if args.profile:
+        for runner in (ours, hf):
+            profile(runner, args.profile)
     del ours, hf
 
     tokens = args.batch_size * args.seq_len
-    flops = {"ours": step_flops_per_token(config, args.seq_len, P, phase),
-             # what HF executes: the MLM head at every position
-             "hf": step_flops_per_token(config, args.seq_len, args.seq_len if phase == "pretrain" else P, phase)}
+    # Where each side reads the last layer's output: ours at the masked slots (pre-training) or
+    # [CLS] (fine-tuning), transformers' at every position.
+    outputs = {"pretrain": P, "finetune": 1, "infer": args.seq_len}[phase]
+    flops = {"ours": step_flops_per_token(config, args.seq_len, outputs, phase),
+             "hf": step_flops_per_token(config, args.seq_len, args.seq_len, phase)}
     result = {"phase": phase, "output_check_max_diff": max_diff}
     for impl in ("ours", "hf"):
         seconds = statistics.median(times[impl])
@@ -318,19 +351,12 @@ def bench_phase(phase, config, args, device, weights_root):
 
     for impl in ("ours", "hf"):
         if device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(device)
-            model = build_ours(phase, config) if impl == "ours" else load_hf(phase, weights_dir)
-            runner = Runner(phase, impl, model, batch, device, args.adamw)
-            runner.step()
-            runner.step()
-            result[impl]["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
-            del runner, model
+            result[impl]["peak_memory_bytes"] = gpu_memory[impl]
         else:
             with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
                 rss, baseline = pool.submit(peak_rss_in_fresh_process, phase, impl, config, args.batch_size,
                                             args.seq_len, P, weights_dir, args.adamw, args.threads,
-                                            args.keep_freed_memory).result()
+                                            args.keep_freed_memory, args.compile).result()
             result[impl]["peak_memory_bytes"] = rss
             result[impl]["process_baseline_bytes"] = baseline
     return result
@@ -350,7 +376,7 @@ def cmd_model(args):
     header = {"config": args.config, "overrides": args.set, "batch_size": args.batch_size,
               "seq_len": args.seq_len, "predictions_per_seq": args.predictions_per_seq,
               "device": str(device), "threads": args.threads, "adamw": args.adamw,
-              "keep_freed_memory": args.keep_freed_memory,
+              "keep_freed_memory": args.keep_freed_memory, "compile": args.compile,
               "torch": torch.__version__, "transformers": transformers.__version__,
               "machine": platform.processor() or platform.machine()}
     print(f"# {json.dumps(header)}")
@@ -386,8 +412,8 @@ def cmd_model(args):
     if "pretrain" in args.phases:
         extra = (step_flops_per_token(config, args.seq_len, args.seq_len, "pretrain")
                  / step_flops_per_token(config, args.seq_len, args.predictions_per_seq, "pretrain"))
-        print(f"\nHF's MLM head runs at all {args.seq_len} positions, ours at the {args.predictions_per_seq} "
-              f"masked slots: HF executes {extra:.2f}x the FLOPs per pre-training step. "
+        print(f"\nHF's last layer and MLM head run at all {args.seq_len} positions, ours at the "
+              f"{args.predictions_per_seq} masked slots: HF executes {extra:.2f}x the FLOPs per pre-training step. "
               f"MFU counts only the model's FLOPs (ours) for both.")
     if device.type == "cpu":
         print("peak mem: peak RSS of a fresh process running that side alone (includes ~"
@@ -523,13 +549,16 @@ def main():
     m.add_argument("--predictions-per-seq", type=int, default=None,
                    help="masked-LM slots per sequence (default ceil(0.15 * seq_len): BERT's 20 for 128)")
     m.add_argument("--steps", type=int, default=7, help="timed steps per side (interleaved)")
-    m.add_argument("--warmup", type=int, default=2, help="untimed steps per side first")
+    m.add_argument("--warmup", type=int, default=2, help="untimed steps per side first (at least 2)")
     m.add_argument("--adamw", default="fused", choices=("fused", "foreach", "for-loop"),
                    help="AdamW implementation, the same for both sides")
     m.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     m.add_argument("--keep-freed-memory", action=argparse.BooleanOptionalAction, default=True,
                    help="CPU: glibc keeps freed memory instead of unmapping it (see keep_freed_memory)")
     m.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="cuda runs bf16 autocast")
+    m.add_argument("--compile", action="store_true", help="torch.compile both sides' models")
+    m.add_argument("--profile", type=int, default=0, metavar="ROWS",
+                   help="after timing, print torch.profiler's top ROWS operators of each side's step")
     m.set_defaults(run=cmd_model)
     d = sub.add_parser("loader", help="data.MLMLoader tokens/s and memory on a generated corpus of >= 1 GB")
     d.add_argument("--corpus-dir", default="/tmp/rembert-loader-corpus", help="where the corpus is generated (once)")

@@ -15,7 +15,9 @@ The computation and the weight names follow Hugging Face's `modeling_rembert.py`
 RemBERT checkpoint loads with `MaskedLM.from_hf` and matches it numerically. Unlike that
 implementation, the masked-LM head gathers the masked positions before it projects to E_out and the
 vocabulary (google-research/bert's `gather_indexes`): with 15% of positions masked it skips about
-85% of the output layer, the largest matrix of the model.
+85% of the output layer, the largest matrix of the model. The last Transformer layer is computed
+at those positions too (`run_layers`), and for sentence classification at [CLS] alone: its other
+outputs feed nothing.
 
 This file imports only torch and the standard library, so it can be copied alone.
 """
@@ -98,19 +100,27 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x, mask):
+    def forward(self, x, mask, queries=None):
+        """Self-attention over x (B, T, H); with `queries` (B, P, H), hidden states gathered from x,
+        the output (B, P, H) at those positions only: they attend to all of x."""
         B, T, H = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.num_heads, H // self.num_heads).permute(2, 0, 3, 1, 4)
-        # q, k, v: (B, heads, T, head_dim)
+        heads, head_dim = self.num_heads, H // self.num_heads
+        if queries is None:
+            q, k, v = self.qkv(x).view(B, T, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
+        else:
+            weight, bias = self.qkv.weight, self.qkv.bias
+            q = F.linear(queries, weight[:H], bias[:H]).view(B, -1, heads, head_dim).transpose(1, 2)
+            k, v = F.linear(x, weight[H:], bias[H:]).view(B, T, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
+        # q: (B, heads, P, head_dim); k, v: (B, heads, T, head_dim)
         if self.training and self.dropout.p > 0 and x.device.type == "cpu":
             # On CPU, SDPA drops attention probabilities only in its unfused path and with the slow
             # bernoulli_ draw; spelled out with `Dropout`, a training step is ~8% faster.
-            scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, heads, T, T)
+            scores = q @ k.transpose(-1, -2) * head_dim ** -0.5  # (B, heads, P, T)
             y = self.dropout((scores if mask is None else scores + mask).softmax(-1)) @ v
         else:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
                                                dropout_p=self.dropout.p if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, T, H))
+        return self.out(y.transpose(1, 2).reshape(B, -1, H))
 
 
 class Layer(nn.Module):
@@ -123,9 +133,28 @@ class Layer(nn.Module):
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.dropout)
 
-    def forward(self, x, mask):
-        x = self.attention_norm(x + self.dropout(self.attention(x, mask)))
-        return self.output_norm(x + self.dropout(self.output(F.gelu(self.intermediate(x)))))
+    def forward(self, x, mask, queries=None):
+        """x (B, T, H) -> (B, T, H); or, given `queries` (B, P, H) gathered from x, (B, P, H) at those
+        positions: attention reads all of x, the rest of the layer runs at P positions only."""
+        h = x if queries is None else queries
+        h = self.attention_norm(h + self.dropout(self.attention(x, mask, queries)))
+        return self.output_norm(h + self.dropout(self.output(F.gelu(self.intermediate(h)))))
+
+
+def run_layers(layers, x, mask, positions=None):
+    """Apply `layers` in turn. With `positions` (B, P), return (B, P, H) at those positions only, and
+    compute the last layer there alone: nothing reads its other outputs. A masked-LM step needs
+    its 15% masked positions, a sentence classifier only [CLS]: the last layer shrinks by that much
+    (as the flash-attention BERT's `subset_mask`; google-research/bert gathers after the encoder)."""
+    *first, last = layers
+    for layer in first:
+        x = layer(x, mask)
+    return last(x, mask, None if positions is None else gather(x, positions))
+
+
+def gather(x, positions):
+    """x (B, T, H) at positions (B, P) -> (B, P, H)."""
+    return torch.gather(x, 1, positions[:, :, None].expand(-1, -1, x.shape[-1]))
 
 
 def attention_bias(attention_mask):
@@ -174,11 +203,18 @@ class Encoder(nn.Module):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.apply(init_weights)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=False):
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=False,
+                positions=None):
+        """Hidden states (B, T, H), or (B, P, H) at `positions` (B, P) only (see `run_layers`). With
+        `output_hidden_states`, also every layer's input and the last output, each (B, T, H)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = attention_bias(attention_mask)
         x = self.embedding_projection(self.embeddings(input_ids, token_type_ids))  # (B, T, H)
+        if not output_hidden_states:
+            return run_layers(self.layers, x, mask, positions)
+        if positions is not None:
+            raise ValueError("output_hidden_states needs every position: pass positions=None")
         hidden_states = [x]
         for layer in self.layers:
             x = layer(x, mask)
@@ -230,13 +266,12 @@ class MaskedLM(nn.Module):
         """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None.
         The loss, when `masked_ids` (B, P) are given, is the `masked_weights`-weighted mean
         cross-entropy over the predictions (weight 0 marks padding)."""
-        x = self.encoder(input_ids, token_type_ids, attention_mask)
-        mask = attention_bias(attention_mask)
-        for layer in self.pretraining_layers:
-            x = layer(x, mask)
-        if masked_positions is not None:
-            x = torch.gather(x, 1, masked_positions[:, :, None].expand(-1, -1, x.shape[-1]))  # (B, P, H)
-        logits = self.head(x)
+        if self.pretraining_layers:
+            x = self.encoder(input_ids, token_type_ids, attention_mask)
+            x = run_layers(self.pretraining_layers, x, attention_bias(attention_mask), masked_positions)
+        else:
+            x = self.encoder(input_ids, token_type_ids, attention_mask, positions=masked_positions)
+        logits = self.head(x)  # like the last layer, only at the masked positions when given
         if masked_ids is None:
             return logits, None
         if masked_weights is None:
@@ -277,7 +312,8 @@ class SequenceClassifier(nn.Module):
         init_weights(self.classifier)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        pooled = self.encoder.pool(self.encoder(input_ids, token_type_ids, attention_mask))
+        cls = torch.zeros_like(input_ids[:, :1])  # (B, 1): the last layer runs at [CLS] only
+        pooled = self.encoder.pool(self.encoder(input_ids, token_type_ids, attention_mask, positions=cls))
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         return logits, None if labels is None else F.cross_entropy(logits.float(), labels)
 

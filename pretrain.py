@@ -72,6 +72,8 @@ class TrainConfig:
     checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
     keep: int = field(default=3, metadata={"help": "checkpoints kept (the newest)"})
     seed: int = field(default=0, metadata={"help": "seed for initialisation, masking and dropout"})
+    compile: bool = field(default=False, metadata={
+        "help": "torch.compile the model (CPU or CUDA): fused elementwise kernels, after a minute or two of compiling"})
     resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint in --out_dir"})
 
 
@@ -140,6 +142,8 @@ def parse_args(argv=None):
                  "checkpoint_every", "keep") if getattr(train_config, name) < 1]
     if train_config.device not in ("auto", "cpu", "cuda", "xla"):
         problems.append(f"--device must be auto, cpu, cuda or xla, got {train_config.device!r}")
+    if train_config.compile and train_config.device == "xla":
+        problems.append("--compile is for cpu and cuda: torch-xla compiles every step already")
     if train_config.warmup >= train_config.steps:
         problems.append(f"--warmup ({train_config.warmup}) must be below --steps ({train_config.steps})")
     if train_config.seq_len > model_config.max_position_embeddings:
@@ -450,6 +454,8 @@ def train(model_config, cfg):
     raw_model = MaskedLM(model_config)
     raw_model.encoder.pooler.requires_grad_(False)  # no NSP: the pooler gets no gradient
     model = runtime.wrap_model(raw_model)
+    if cfg.compile:
+        model = torch.compile(model)
     optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
     loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                        max_predictions=cfg.max_predictions, rank=runtime.rank,

@@ -185,14 +185,39 @@ def test_input_projection_only_when_sizes_differ():
     assert MaskedLM(SMALL).head.decoder.weight.shape == (97, 48)
 
 
-def test_gathered_logits_equal_full_logits():
-    model = MaskedLM(replace(SMALL, pretraining_only_layers=1)).eval()
+@pytest.mark.parametrize("extra_layers", [0, 1, 2])
+def test_last_layer_at_masked_positions_equals_full_then_gather(extra_layers):
+    """The last layer and the head, run at the masked positions alone, give the logits, loss and
+    gradients of the whole sequence's computation gathered afterwards (padding row included)."""
+    torch.manual_seed(0)
+    model = MaskedLM(replace(SMALL, pretraining_only_layers=extra_layers))
+    params = [p for p in model.parameters() if p.requires_grad and p is not model.encoder.pooler.weight
+              and p is not model.encoder.pooler.bias]
     input_ids, token_type_ids, attention_mask = batch(SMALL)
     positions = torch.tensor([[0, 3, 5, 0], [2, 2, 6, 1], [10, 9, 8, 7]])
+    targets = torch.randint(0, SMALL.vocab_size, positions.shape, generator=torch.Generator().manual_seed(1))
+    gathered, loss = model(input_ids, token_type_ids, attention_mask, masked_positions=positions, masked_ids=targets)
+    full, _ = model(input_ids, token_type_ids, attention_mask)
+    full = full[torch.arange(3)[:, None], positions]
+    full_loss = torch.nn.functional.cross_entropy(full.flatten(0, 1), targets.flatten())
+    torch.testing.assert_close(gathered, full)
+    torch.testing.assert_close(loss, full_loss)
+    for ours, reference in zip(torch.autograd.grad(loss, params), torch.autograd.grad(full_loss, params)):
+        torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-4)
+
+
+def test_classifier_runs_the_last_layer_at_cls_only():
+    torch.manual_seed(0)
+    model = SequenceClassifier(Encoder(SMALL), num_labels=3).eval()
+    input_ids, token_type_ids, attention_mask = batch(SMALL)
     with torch.no_grad():
-        full, _ = model(input_ids, token_type_ids, attention_mask)
-        gathered, _ = model(input_ids, token_type_ids, attention_mask, masked_positions=positions)
-    torch.testing.assert_close(gathered, full[torch.arange(3)[:, None], positions])
+        logits, _ = model(input_ids, token_type_ids, attention_mask)
+        hidden = model.encoder(input_ids, token_type_ids, attention_mask)  # every position
+        torch.testing.assert_close(logits, model.classifier(model.encoder.pool(hidden)))
+        cls = model.encoder(input_ids, token_type_ids, attention_mask, positions=torch.zeros(3, 1, dtype=torch.long))
+        torch.testing.assert_close(cls, hidden[:, :1])
+    with pytest.raises(ValueError, match="every position"):
+        model.encoder(input_ids, positions=torch.zeros(3, 1, dtype=torch.long), output_hidden_states=True)
 
 
 def test_masked_lm_loss_weights():

@@ -175,6 +175,18 @@ def test_checkpoint_holds_everything_and_loads_as_encoder(tokenizer, tmp_path):
         assert torch.equal(tensor, model.encoder.state_dict()[name])
 
 
+def test_compiled_run_matches_eager_and_saves_plain_weights(tokenizer, tmp_path):
+    """--compile (torch.compile, ~30 s of compiling here) trains the same model as eager mode, and
+    its checkpoints hold the plain module's names, so they load and resume without it."""
+    eager = run(tokenizer, tmp_path / "eager", "--steps=3", "--num_layers=1")
+    compiled = run(tokenizer, tmp_path / "compiled", "--steps=3", "--num_layers=1", "--compile")
+    for (name, a), (_, b) in zip(eager.state_dict().items(), compiled.state_dict().items()):
+        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4, msg=name)
+    assert final_state(tmp_path / "compiled")["model"].keys() == eager.state_dict().keys()
+    with pytest.raises(SystemExit):
+        pretrain.parse_args(tiny_args(tokenizer, tmp_path, "--compile", "--device=xla"))
+
+
 def test_resume_after_sigkill_is_bitwise_exact(tokenizer, tmp_path):
     steps = ["--steps=20", "--checkpoint_every=1", "--keep=2", "--grad_accum=2"]
     run_script(tokenizer, tmp_path / "straight", *steps)
