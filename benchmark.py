@@ -21,7 +21,9 @@ Commands (each prints a table and one JSON line per figure):
   python benchmark.py model --config small --batch-size 16 --seq-len 128            # CPU
   python benchmark.py model --config ein128-eout768 --batch-size 8 --seq-len 128     # base-like
   python benchmark.py model --config tiny --set num_layers=4 dropout=0.0 --phases pretrain
-  python benchmark.py model --config small --device cuda --batch-size 64             # one GPU, bf16
+  python benchmark.py model --config ein128-eout768 --device cuda --batch-size 256 --steps 20 --warmup 5
+                                                            # one GPU, bf16; add --compile for torch.compile
+  python benchmark.py model --config small --batch-size 16 --phases finetune --profile 25   # where the time goes
 (No torchrun or TPU variant: this measures one device.)
 
 `loader` streams data.MLMLoader (one DataLoader worker, the tiny config's 8000-piece tokenizer trained on
