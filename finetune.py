@@ -54,7 +54,7 @@ import torch
 import data
 import evaluate
 from configs import CONFIGS
-from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier, save_hf
+from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier, load_safetensors, save_hf
 from pretrain import (build_optimizer, load_pretrained_encoder, lr_at, resolve_device, restore_training_state,
                       setup_runtime)
 
@@ -265,8 +265,7 @@ def load_finetuned(path):
         warnings.filterwarnings("ignore", message=".*tensors not used")
         encoder = Encoder.from_hf(path)
     model = build_model(TASKS[info["task"]], encoder, dropout=0.0)
-    from safetensors.torch import load_file
-    state = load_file(os.path.join(path, "model.safetensors"))
+    state = load_safetensors(os.path.join(path, "model.safetensors"))
     head = model.qa_outputs if isinstance(model, SpanExtractor) else model.classifier
     prefix = "qa_outputs" if isinstance(model, SpanExtractor) else "classifier"
     with torch.no_grad():

@@ -24,6 +24,8 @@ This file imports only torch and the standard library, so it can be copied alone
 
 import json
 import os
+import struct
+import sys
 import warnings
 from dataclasses import dataclass, fields
 
@@ -383,6 +385,67 @@ def count_parameters(model):
 # ----------------------------------------------------------------------------------------------
 # The Hugging Face layout (transformers' RemBERT), both ways
 
+# The safetensors format, read and written here so that this file needs no package beyond torch: an
+# unsigned 64-bit little-endian header length, a JSON header {name: {"dtype", "shape",
+# "data_offsets": [begin, end)}} (offsets into the data after it), then the tensors' bytes.
+_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
+                       "U8": torch.uint8, "BOOL": torch.bool}
+
+
+def load_safetensors(path):
+    """{name: tensor} of a .safetensors file (the tensors share one buffer of the file's data)."""
+    if sys.byteorder != "little":
+        raise RuntimeError("safetensors stores little-endian data; this machine is big-endian")
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        try:
+            if len(raw) != 8:
+                raise ValueError("shorter than its 8-byte header length")
+            header = json.loads(f.read(struct.unpack("<Q", raw)[0]))
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"{path}: not a safetensors file ({e})") from None
+        data = bytearray(f.read())
+    if not isinstance(header, dict):
+        raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object)")
+    header.pop("__metadata__", None)
+    state = {}
+    for name, info in header.items():
+        try:
+            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
+            (begin, end), shape = info["data_offsets"], torch.Size(info["shape"])
+        except (KeyError, TypeError, ValueError):
+            raise ValueError(f"{path}: tensor {name!r} has a bad header entry {info!r}") from None
+        if end - begin != dtype.itemsize * shape.numel() or not 0 <= begin <= end <= len(data):
+            raise ValueError(f"{path}: tensor {name!r}: data_offsets {[begin, end]} do not hold a {list(shape)} "
+                             f"{info['dtype']} tensor within the file's {len(data)} data bytes")
+        state[name] = (torch.frombuffer(data, dtype=dtype, offset=begin, count=shape.numel()).view(shape)
+                       if end > begin else torch.empty(shape, dtype=dtype))
+    return state
+
+
+def save_safetensors(tensors, path, metadata=None):
+    """Write {name: tensor} as a .safetensors file, which the safetensors package and transformers read."""
+    names = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
+    tensors = {name: t.detach().cpu() for name, t in tensors.items()}
+    header, offset = {}, 0
+    for name, t in tensors.items():
+        if t.dtype not in names:
+            raise ValueError(f"safetensors has no dtype for {name} ({t.dtype})")
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
+        offset += t.nbytes
+    if metadata:
+        header["__metadata__"] = metadata
+    blob = json.dumps(header, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for t in tensors.values():
+            # A contiguous clone owns exactly the tensor's bytes, even for a slice of a larger one (split qkv).
+            own = t.clone(memory_format=torch.contiguous_format)
+            f.write(bytes(own.view(-1).view(torch.uint8).untyped_storage()))
+
+
 _HF_LAYER_NAMES = {  # ours -> HF, inside encoder.layer.{i}; qkv is split into three
     "attention.out": "attention.output.dense",
     "attention_norm": "attention.output.LayerNorm",
@@ -444,8 +507,7 @@ def _read_hf(path):
         raise ValueError(f"{path}/config.json: input_embedding_size == hidden_size "
                          f"({config.hidden_size}); only factorized checkpoints (E_in != H) are supported")
     if os.path.exists(os.path.join(path, "model.safetensors")):
-        from safetensors.torch import load_file
-        state = load_file(os.path.join(path, "model.safetensors"))
+        state = load_safetensors(os.path.join(path, "model.safetensors"))
     elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
         state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
     else:
@@ -486,7 +548,6 @@ def save_hf(model, path):
     """Write `model` as transformers' RemBERT (config.json + model.safetensors): a MaskedLM as
     RemBertForMaskedLM (its pre-training-only layers have no place there and are refused), an
     Encoder as RemBertModel, a task head as the matching RemBertFor... class."""
-    from safetensors.torch import save_file
     kind = type(model).__name__
     if isinstance(model, MaskedLM):
         if model.config.pretraining_only_layers:
@@ -533,6 +594,4 @@ def save_hf(model, path):
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
-    # safetensors refuses tensors that share memory (the split qkv views, a tied decoder).
-    save_file({k: v.detach().contiguous().clone() for k, v in state.items()},
-              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
