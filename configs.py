@@ -1,4 +1,5 @@
-"""Every model of "Rethinking Embedding Coupling in Pre-trained Language Models", by name.
+"""Every model of "Rethinking Embedding Coupling in Pre-trained Language Models", by name, and the
+command-line convention all the scripts share.
 
 The multilingual models of Sections 4-5 (Tables 2-6) are mBERT-sized (12 layers, H 768, 12 heads, a
 120k SentencePiece vocabulary) and differ in their embeddings and layers; the English BERT-base rows
@@ -7,9 +8,13 @@ are from the appendix (Tables 12-13); `rembert` is the released model (Section 5
 paper's.
 """
 
-from dataclasses import replace
+import argparse
+import difflib
+import sys
+import typing
+from dataclasses import MISSING, fields, replace
 
-from model import ModelConfig
+from model import DataError, ModelConfig
 
 # mBERT's shape (Appendix A.2). The paper's models use no dropout (A.2, following ALBERT).
 MBERT = ModelConfig(vocab_size=120_000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
@@ -88,6 +93,74 @@ def parameter_counts(name):
     from model import MaskedLM, count_parameters
     with torch.device("meta"):
         return count_parameters(MaskedLM(CONFIGS[name]))
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line of every script: a dataclass per command, one --flag per field
+
+def add_flags(parser, cls, default_none=False):
+    """One --flag per field of the dataclass `cls` (underscores written as dashes), with the field's type
+    and help; a bool is --flag / --no-flag, a list takes one or more values. default_none: every default is
+    None (for overrides of a preset)."""
+    for f in fields(cls):
+        default = None if default_none else f.default_factory() if f.default_factory is not MISSING else f.default
+        kind, extra = f.type, {}
+        if kind is bool:
+            extra["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is list:
+            extra.update(nargs="+", type=typing.get_args(kind)[0])
+        else:
+            extra["type"] = kind
+        shown = "" if default_none or default in (None, "", []) or kind is bool else f" (default: {default})"
+        parser.add_argument("--" + f.name.replace("_", "-"), default=default, help=f.metadata["help"] + shown,
+                            **extra)
+
+
+def parse_flags(parser, argv=None):
+    """parser.parse_args, with the closest known flag suggested for a mistyped one."""
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        flag = unknown[0].split("=")[0]
+        known = [option for action in parser._actions for option in action.option_strings]
+        close = difflib.get_close_matches(flag, known, n=1)
+        parser.error(f"unrecognized argument {unknown[0]}" + (f"; did you mean {close[0]}?" if close else ""))
+    return args
+
+
+def build(parser, cls, args, **values):
+    """cls from the parsed flags of its fields (and `values`); a value it refuses is a command-line error."""
+    try:
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in values}, **values)
+    except ValueError as e:  # the dataclass's __post_init__ says which flag and why
+        parser.error(str(e))
+
+
+def parse_command_line(doc, commands, argv=None):
+    """The whole command line of a script: `commands` is a dataclass, or {name: dataclass} for a script
+    whose first word picks one (python evaluate.py score --task ...). Returns (name or None, instance)."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     allow_abbrev=False)
+    if not isinstance(commands, dict):
+        add_flags(parser, commands)
+        return None, build(parser, commands, parse_flags(parser, argv))
+    words = parser.add_subparsers(dest="command", required=True)
+    parsers = {}
+    for name, cls in commands.items():
+        parsers[name] = words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__,
+                                         allow_abbrev=False)
+        add_flags(parsers[name], cls)
+    args = parse_flags(parser, argv)
+    return args.command, build(parsers[args.command], commands[args.command], args)
+
+
+def run_script(main):
+    """Run a script's main(): a user's mistake (bad data, a missing file, a setting that cannot work) ends it
+    with one line and exit code 2, not a traceback."""
+    try:
+        main()
+    except (DataError, OSError, FloatingPointError) as e:
+        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 def main():

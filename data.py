@@ -1,68 +1,51 @@
-"""Data for RemBERT: the SentencePiece vocabulary, the multilingual masked-LM input stream of pre-training,
+"""Data for RemBERT: the SentencePiece vocabulary, the multilingual masked-LM stream of pre-training,
 and the XTREME task formats of fine-tuning (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7;
 pre-training input as in mBERT / google-research/bert create_pretraining_data.py, task features as in
 run_squad.py / XTREME).
 
-Tokenizer (Appendix A.3: SentencePiece trained with unigram language modeling)
-  train_tokenizer(files, vocab_size, model_prefix, alpha=0.5) -> "PREFIX.model". The training text is sampled
-      per language with p_l ∝ n_l^alpha (as pre-training), so small languages get pieces. Pieces 0-4 are
-      [PAD] [UNK] [CLS] [SEP] [MASK]; [CLS] [SEP] [MASK] are control symbols (the text "[MASK]" is never one).
-  Tokenizer(model_file): any SentencePiece model, e.g. the released RemBERT sentencepiece.model ([CLS], [SEP],
-      [MASK], [PAD] are looked up by name). .pad_id .unk_id .cls_id .sep_id .mask_id .vocab_size;
-      encode(text) -> ids; encode_with_offsets(text) -> (ids, [(start, end)]) character offsets into the ORIGINAL
-      text (before SentencePiece's NFKC / whitespace normalization), leading whitespace excluded; decode(ids).
+Tokenizer (Appendix A.3: SentencePiece, unigram language model)
+  train_tokenizer(files, vocab_size, model_prefix, alpha=0.5) -> "PREFIX.model", trained on text sampled per
+      language with p_l ∝ n_l^alpha (as pre-training), so that small languages get pieces. Pieces 0-4 are
+      [PAD] [UNK] [CLS] [SEP] [MASK]; unknown characters fall back to their UTF-8 bytes, so every character
+      has pieces of its own (a run of rare characters is never one [UNK]).
+  Tokenizer(model_file): any SentencePiece model, e.g. the released RemBERT sentencepiece.model.
+      encode(text) -> ids; encode_with_offsets(text) -> (ids, [(start, end)]) character offsets into the
+      ORIGINAL text, never starting or ending with a character that SentencePiece reads as blank.
 
-Masked-LM stream (pre-training)
-  loader = MLMLoader(data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
-                     world_size=1, num_workers=0, alpha=0.5, whole_word_masking=False, infinite=False)
-  for batch in loader: logits, loss = model(**batch)      # one epoch (infinite=True: never ends)
-  checkpoint["loader"] = loader.state_dict();  later: loader.load_state_dict(checkpoint["loader"])
-  `data`: a file, a directory (its *.txt and *.txt.gz), a list of files, or {language: [files]}. Files are UTF-8
-  text, one sentence per line, a blank line ends a document; the language is the file name up to its first dot
-  (en.txt, en.1.txt.gz). Batches: input_ids, token_type_ids (zeros: no NSP), attention_mask (B, T) long;
-  masked_positions, masked_ids (B, P) long; masked_weights (B, P) float, 0 on padding.
-  How the stream is made (every choice is a pure function of the seed and a position, so it resumes exactly):
+Masked-LM stream (pre-training): MLMLoader(data, tokenizer, batch_size, seq_len, max_predictions, ...) is an
+  endless iterator of batches (input_ids, token_type_ids, attention_mask (B, T); masked_positions, masked_ids,
+  masked_weights (B, P)) with an exact state_dict() / load_state_dict(). `data`: a file, a directory (its
+  *.txt), a list of files or {language: [files]}: UTF-8 text, one sentence per line, a blank line between
+  documents; a file's language is its name up to the first dot (en.txt, en.2.txt).
   * Streams. Slot b of the global batch (rank * batch_size + b) of DataLoader worker w is stream
     s = w * global_batch + rank * batch_size + b, one of S = max(num_workers, 1) * global_batch. Stream s reads
-    share s of every file: the lines that start in bytes [s/S, (s+1)/S) of it (gzip files, which cannot seek:
-    every S-th block of lines). So the (rank, worker) pairs read disjoint shares whose union is the corpus, and
-    the global batch does not depend on how it is split over processes (2 x 16 reads what 1 x 32 reads).
-  * Languages. Each sequence comes from one language, drawn with p_l ∝ n_l^alpha (n_l: the language's lines,
-    counted in one streaming pass that also checks every file, cached per process).
-  * Shuffling, bounded: a share is cut into chunks of `shuffle_bytes`; chunks are read in a random order (a
-    .gz file's in order), the documents of a chunk (its lines split at blank lines) in a random order, lines in
-    order. Memory: one chunk per stream and language.
+    share s of every file: the lines that start in bytes [s/S, (s+1)/S) of it. The (rank, worker) pairs read
+    disjoint shares whose union is the corpus, and the global batch does not depend on how it is split over
+    processes (2 x 16 reads what 1 x 32 reads).
+  * Languages. Each row comes from one language, drawn with p_l ∝ n_l^alpha (n_l: the language's lines,
+    counted once and kept in an index file beside the corpus).
+  * Shuffling, bounded: a share is cut into chunks of `shuffle_bytes`, read in a random order each pass; the
+    documents of a chunk in a random order, their lines in order. A language's share repeats, reshuffled, when
+    it is used up (alpha < 1 repeats the small languages: that is the upsampling).
   * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across line and document boundaries
-    (RoBERTa's FULL-SENTENCES); a long line continues in the next sequence. Nothing is cut off.
+    (RoBERTa's FULL-SENTENCES); a long line continues in the language's next row. Every row is full.
   * Masking (create_pretraining_data.py): 15% of the pieces, at most max_predictions, never [CLS]/[SEP]; of
-    those 80% [MASK], 10% a random ordinary piece, 10% unchanged; whole_word_masking masks every piece of a word
-    (a word starts with "▁").
-  * Epochs. A language's share repeats, reshuffled, when it is used up (alpha < 1 repeats small languages:
-    that is the upsampling). An epoch of a stream ends when every language of its share has been used up at
-    least once; a stream whose epoch ended fills its rows with padding (weights 0) until the other streams of its
-    worker are done too, so one epoch reads every line at least once, a one-language corpus exactly once.
-    That padding is the price of exact epochs (on the tiny sample corpus with 32 streams, about 45% of the
-    rows): pre-training passes infinite=True, where a stream simply goes on and no row is ever padding.
-  * Resuming: state_dict() is a small dict of ints (positions, per stream and language); workers send theirs
-    with every batch. A loader restored with load_state_dict() yields exactly the batches the uninterrupted one
-    would have yielded, with or without workers.
-  Bad input fails before any batch: a missing or empty file, or a non-UTF-8 byte (with the line number).
+    those 80% [MASK], 10% a random ordinary piece, 10% unchanged.
+  * Memory is flat: a stream holds one chunk (of the language it read last) and, per language, a few ints of
+    position; returning to a language reads its chunk again (one seek).
+  * Every choice is a pure function of the seed and a position, so a restored loader yields exactly the
+    batches the uninterrupted one would have, with or without workers.
 
-XTREME tasks (Section 3, Appendix A.4): read_pairs (XNLI, PAWS-X TSV), read_tagging (PAN-X, UD-POS),
-read_squad (XQuAD, MLQA, TyDiQA-GoldP) -> examples; pair_features, tagging_features, squad_features -> dicts
-of (N, seq_len) tensors the task heads of model.py take as **kwargs; tagging_predictions and decode_spans map
-outputs back to one label per word and to answer text cut from the original context.
+XTREME tasks (Section 3, Appendix A.4): read_pairs (XNLI, PAWS-X), read_tagging (PAN-X, UD-POS), read_squad
+(XQuAD, MLQA, TyDiQA-GoldP) -> examples; pair_features, tagging_features, squad_features -> dicts of tensors
+the task heads of model.py take as **kwargs; tagging_predictions and decode_spans map outputs back to one
+label per word and to answer text cut from the original context. Bad input fails with its file and line.
 
-Command line:
-  python data.py tokenizer --input sample_data/*.txt --vocab-size 8000 --out out/tokenizer/spm
+  python data.py tokenizer --input sample_data --vocab-size 8000 --out out/tokenizer/spm
 """
 
-import argparse
 import collections
-import copy
 import csv
-import glob
-import gzip
 import io
 import json
 import os
@@ -70,121 +53,140 @@ import random
 import re
 import tempfile
 import warnings
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import sentencepiece as spm
 import torch
 
+from model import DataError
+
+if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
+    raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
+                      f"found {spm.__version__}: pip install -U 'sentencepiece>=0.2.2'")
+
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-WORD_START = "\u2581"  # SentencePiece's "▁": the piece begins a word
-
 LABEL_ALIASES = {"contradictory": "contradiction"}  # XNLI-MT's translated MultiNLI train files
-
-
-class DataError(ValueError):
-    """Bad input; the message names the file and line (or question id)."""
+INDEX = ".rembert-index.json"  # line counts of a directory's corpus files
+NEWLINE = b"\n"
 
 
 # ----------------------------------------------------------------------------------------------
-# Corpus files: languages, one checking and counting pass, documents by byte range
+# Corpus files: languages, line counts (kept in an index), documents by byte range
 
 def corpus_files(data):
-    """{language: [paths]} from a file, a directory (*.txt, *.txt.gz), a list of files or {language: files}."""
+    """{language: [paths]} from a file, a directory (its *.txt), a list of files or {language: files}."""
     if isinstance(data, dict):
         langs = {lang: [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
                  for lang, paths in data.items()}
     else:
-        paths = [data] if isinstance(data, (str, os.PathLike)) else list(data)
-        files = []
-        for path in map(str, paths):
-            if os.path.isdir(path):
-                found = sorted(glob.glob(os.path.join(path, "*.txt")) + glob.glob(os.path.join(path, "*.txt.gz")))
-                if not found:
-                    raise DataError(f"{path}: no *.txt or *.txt.gz files in this directory")
-                files += found
-            else:
-                files.append(path)
         langs = {}
-        for path in files:
-            langs.setdefault(os.path.basename(path).split(".")[0], []).append(path)
-    for paths in langs.values():
-        for path in paths:
-            if not os.path.isfile(path):
-                raise FileNotFoundError(f"{path}: no such file")
+        for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
+            found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".txt")) \
+                if os.path.isdir(path) else [path]
+            if not found:
+                raise DataError(f"{path}: no *.txt files in this directory")
+            for p in found:
+                langs.setdefault(os.path.basename(p).split(".")[0], []).append(p)
+    for path in (p for paths in langs.values() for p in paths):
+        if path.endswith((".gz", ".bz2", ".xz", ".zst")):
+            raise DataError(f"{path}: a compressed file, which a stream cannot seek into for its share; "
+                            f"decompress it first")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such file")
     if not langs:
         raise DataError("no input files")
     return langs
 
 
-def _open_binary(path):
-    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+def count_lines(path):
+    """A corpus file's non-blank lines, in one streaming pass that also checks it: text (UTF-8, no NUL
+    byte) with at least one non-blank line. A bad byte is reported with its line number."""
+    lines = blank = size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            chunk += f.readline()  # whole lines only
+            for bad, what in ((chunk.find(b"\0"), "a NUL byte: not a text file"), (_utf8_error(chunk), "not UTF-8")):
+                if bad >= 0:
+                    raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, bad) + 1}: {what}")
+            # A chunk starts at a line start: "\n" + chunk puts a "\n" before each of its lines.
+            blank += len(re.findall(rb"\n[ \t\r\f\v]*(?=\n|\Z)", NEWLINE + chunk)) - chunk.endswith(NEWLINE)
+            size += len(chunk)
+            lines += chunk.count(NEWLINE) + (not chunk.endswith(NEWLINE))
+    if size == 0:
+        raise DataError(f"{path}: empty file")
+    if lines == blank:
+        raise DataError(f"{path}: only blank lines")
+    return lines - blank
 
 
-_BLANK_LINE = re.compile(rb"^[ \t\r\f\v]*$", re.MULTILINE)
-_SCANS = {}
+def _utf8_error(chunk):
+    try:
+        chunk.decode("utf-8")
+        return -1
+    except UnicodeDecodeError as e:
+        return e.start
 
 
-def scan_file(path):
-    """One streaming pass over a file: checks that it is non-empty UTF-8 and counts its non-blank lines, all
-    its lines and its bytes (uncompressed). Cached per process by (path, size, mtime)."""
-    stat = os.stat(path)
-    key = (os.path.abspath(path), stat.st_size, stat.st_mtime_ns)
-    if key not in _SCANS:
-        lines = blank = size = 0
-        with _open_binary(path) as f:
-            while chunk := f.read(1 << 22):
-                chunk += f.readline()  # whole lines only
-                try:
-                    chunk.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    line = lines + chunk[:e.start].count(b"\n") + 1
-                    raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{chunk[e.start]:02x}); convert the file "
-                                    f"to UTF-8") from None
-                size += len(chunk)
-                blank += len(_BLANK_LINE.findall(chunk)) - chunk.endswith(b"\n")  # "" after the last \n
-                lines += chunk.count(b"\n") + (not chunk.endswith(b"\n"))
-        if size == 0:
-            raise DataError(f"{path}: empty file")
-        if lines == blank:
-            raise DataError(f"{path}: only blank lines")
-        _SCANS[key] = {"lines": lines - blank, "raw_lines": lines, "bytes": size}
-    return _SCANS[key]
-
-
-def _documents(lines):
-    """Raw lines -> documents (lists of stripped, decoded lines), split at blank lines."""
-    docs, current = [], []
-    for line in lines:
-        if line.strip():
-            current.append(line.decode("utf-8").strip())
-        elif current:
-            docs.append(current)
-            current = []
-    if current:
-        docs.append(current)
-    return docs
+def line_counts(paths):
+    """{path: non-blank lines}. The counts are kept in an index file beside the files (.rembert-index.json,
+    by name, size and modification time), so a corpus is read in full once, not at every start and not in
+    every process of a job (pretrain.py counts in one process first). New files are counted in parallel."""
+    counts, todo = {}, []
+    by_dir = collections.defaultdict(list)
+    for path in paths:
+        by_dir[os.path.dirname(os.path.abspath(path))].append(path)
+    indexes = {}
+    for directory, files in by_dir.items():
+        try:
+            with open(os.path.join(directory, INDEX)) as f:
+                indexes[directory] = json.load(f)
+        except (OSError, ValueError):
+            indexes[directory] = {}
+        for path in files:
+            stat = os.stat(path)
+            entry = indexes[directory].get(os.path.basename(path))
+            if entry and entry[:2] == [stat.st_size, stat.st_mtime_ns]:
+                counts[path] = entry[2]
+            else:
+                todo.append((directory, path, [stat.st_size, stat.st_mtime_ns]))
+    if len(todo) > 1:
+        with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
+            found = list(pool.map(count_lines, [path for _, path, _ in todo]))
+    else:
+        found = [count_lines(path) for _, path, _ in todo]
+    for (directory, path, key), n in zip(todo, found):
+        counts[path] = n
+        indexes[directory][os.path.basename(path)] = key + [n]
+    for directory in {d for d, _, _ in todo}:
+        try:  # a read-only corpus directory is counted again next time
+            with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
+                json.dump(indexes[directory], f)
+            os.replace(f.name, os.path.join(directory, INDEX))
+        except OSError:
+            warnings.warn(f"{directory}: cannot write {INDEX}; its files will be counted again at the next start")
+    return counts
 
 
 def read_chunk(path, start, stop):
-    """The lines of a plain-text file that start in bytes [start, stop), as documents (split at blank lines;
-    a document that crosses `start` or `stop` is cut there). Every line belongs to exactly one range of any
-    partition of [0, size), so byte ranges shard a file with no line lost or repeated."""
+    """The lines of a file that start in bytes [start, stop), as documents (lists of lines, as bytes; split
+    at blank lines; a document crossing `start` or `stop` is cut there). Every line belongs to exactly one range
+    of a partition of [0, size), so byte ranges shard a file with no line lost or repeated."""
     with open(path, "rb") as f:
         if start > 0:
             f.seek(start - 1)
             f.readline()  # the line holding byte start - 1 belongs to the range before
-        position, lines = f.tell(), []
-        while position < stop and (line := f.readline()):
-            lines.append(line)
-            position += len(line)
-    return _documents(lines)
-
-
-def iter_lines(path):
-    """The raw lines of a file, streaming (also .gz)."""
-    with _open_binary(path) as f:
-        yield from f
+        begin = f.tell()
+        if begin >= stop:
+            return []
+        raw = f.read(stop - begin)
+        if not raw.endswith(b"\n"):
+            raw += f.readline()  # the last line started before `stop`: it is ours, whole
+    if begin == 0:
+        raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
+    blocks = re.split(rb"\n[ \t\r\f\v]*\n[ \t\r\f\v\n]*", b"\n" + raw)  # at runs of blank lines
+    return [block.strip().split(b"\n") for block in blocks if block.strip()]
 
 
 def sampling_probabilities(counts, alpha):
@@ -208,7 +210,10 @@ class Tokenizer:
             self._load(f.read())
 
     def _load(self, proto):
-        self.sp = spm.SentencePieceProcessor(model_proto=proto)
+        try:
+            self.sp = spm.SentencePieceProcessor(model_proto=proto)
+        except RuntimeError as e:
+            raise DataError(f"{self.model_file}: not a SentencePiece model ({e})") from None
         self.vocab_size = self.sp.get_piece_size()
 
         def piece_id(piece, fallback=-1):
@@ -223,10 +228,10 @@ class Tokenizer:
         self.pad_id = piece_id(PAD, self.sp.pad_id())
         self.cls_id, self.sep_id, self.mask_id = piece_id(CLS), piece_id(SEP), piece_id(MASK)
         special = np.array([self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i)
-                            for i in range(self.vocab_size)])
+                            or self.sp.is_byte(i) for i in range(self.vocab_size)])
         special[[self.pad_id, self.cls_id, self.sep_id, self.mask_id]] = True
         self.normal_ids = np.flatnonzero(~special)  # what a "random token" of the 80/10/10 rule may be
-        self.word_start = np.array([self.sp.id_to_piece(i).startswith(WORD_START) for i in range(self.vocab_size)])
+        self._blank = {}
 
     def __getstate__(self):  # DataLoader workers may be spawned: send the model itself
         return {"model_file": self.model_file, "proto": self.sp.serialized_model_proto()}
@@ -238,15 +243,24 @@ class Tokenizer:
     def encode(self, text):
         return self.sp.encode(text)
 
+    def is_blank(self, char):
+        """Whether SentencePiece reads `char` as nothing or as a space: whitespace, but also U+200B, U+200E,
+        U+FEFF and the like, which its normalization turns into blanks."""
+        if char not in self._blank:
+            self._blank[char] = char.isspace() or not self.sp.normalize(char)
+        return self._blank[char]
+
     def encode_with_offsets(self, text):
         """(ids, [(start, end)]): each piece's characters in `text` itself, found through SentencePiece's
-        normalization (NFKC, collapsed whitespace); the "▁" of a word start is not counted, so a lone "▁" piece
-        has an empty span."""
+        normalization (NFKC, collapsed whitespace). A span never starts or ends with a blank character, so
+        the "▁" of a word start is not counted and a lone "▁" piece has an empty span."""
         out = self.sp.encode(text, return_type="offset_mapping")
         offsets = []
         for start, end in out["offsets"]:
-            while start < end and text[start].isspace():
+            while start < end and self.is_blank(text[start]):
                 start += 1
+            while end > start and self.is_blank(text[end - 1]):
+                end -= 1
             offsets.append((start, end))
         return out["ids"], offsets
 
@@ -254,16 +268,15 @@ class Tokenizer:
         return self.sp.decode([int(i) for i in ids])
 
 
-def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_000_000, seed=0,
-                    character_coverage=0.9995):
+def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_000_000, seed=0):
     """Train a unigram SentencePiece model on text sampled across languages with p_l ∝ n_l^alpha: language l
     contributes round(M * p_l) lines (M = all lines, at most max_sentences), drawn at random from its files
-    (repeated when it has fewer). Streams the files; only the sample is held. Returns the .model path.
-    The vocabulary is a soft limit: a corpus too small for vocab_size gives fewer pieces. A vocabulary too
-    small for the corpus's alphabet (10 scripts and 500 pieces) keeps only its vocab_size // 2 most frequent
-    characters; the others become [UNK]."""
+    (repeated when it has fewer). Returns the .model path. The vocabulary is a soft limit: a corpus too small
+    for vocab_size gives fewer pieces. 256 pieces are the bytes that rare characters fall back to; when the
+    rest cannot hold every character of the sample, only the most frequent ones get pieces of their own."""
     langs = corpus_files(files)
-    counts = {lang: sum(scan_file(p)["lines"] for p in paths) for lang, paths in langs.items()}
+    lines = line_counts([p for paths in langs.values() for p in paths])
+    counts = {lang: sum(lines[p] for p in paths) for lang, paths in langs.items()}
     probabilities = sampling_probabilities(counts, alpha)
     total = min(max_sentences, sum(counts.values()))
     rng = random.Random(seed)
@@ -273,24 +286,27 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
         sample = os.path.join(tmp, "sample.txt")
         with open(sample, "w", encoding="utf-8") as out:
             for lang, paths in langs.items():
-                wanted = max(1, round(total * probabilities[lang]))
-                repeats, rest = divmod(wanted, counts[lang])
+                repeats, rest = divmod(max(1, round(total * probabilities[lang])), counts[lang])
                 reservoir, seen = [], 0  # Algorithm R: a uniform sample of `rest` lines, one pass
                 for path in paths:
-                    for raw in iter_lines(path):
-                        if not (line := raw.decode("utf-8").strip()):
-                            continue
-                        out.write((line + "\n") * repeats)
-                        chars.update(line * repeats)
-                        seen += 1
-                        if len(reservoir) < rest:
-                            reservoir.append(line)
-                        elif (j := rng.randrange(seen)) < rest:
-                            reservoir[j] = line
+                    with open(path, encoding="utf-8-sig") as f:
+                        for line in (line.strip() for line in f):
+                            if not line:
+                                continue
+                            out.write((line + "\n") * repeats)
+                            chars.update(line * repeats)
+                            seen += 1
+                            if len(reservoir) < rest:
+                                reservoir.append(line)
+                            elif (j := rng.randrange(seen)) < rest:
+                                reservoir[j] = line
                 out.writelines(line + "\n" for line in reservoir)
                 chars.update("".join(reservoir))
-        if len(chars) > vocab_size // 2:  # SentencePiece needs a piece for every character it keeps
-            rare = {ord(c): " " for c, _ in chars.most_common()[vocab_size // 2:]}
+        room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
+        if room < 1:
+            raise DataError(f"vocab_size {vocab_size} leaves no room beside the 256 byte pieces; use at least 300")
+        if len(chars) > room:
+            rare = {ord(c): " " for c, _ in chars.most_common()[room:]}
             kept = os.path.join(tmp, "kept.txt")
             with open(sample, encoding="utf-8") as f, open(kept, "w", encoding="utf-8") as out:
                 out.writelines(line.translate(rare) for line in f)
@@ -298,39 +314,31 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
         spm.SentencePieceTrainer.train(
             input=sample, model_prefix=str(model_prefix), vocab_size=vocab_size, model_type="unigram",
             pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
-            control_symbols=[MASK], character_coverage=character_coverage, hard_vocab_limit=False,
-            input_sentence_size=0, max_sentence_length=1 << 16, num_threads=os.cpu_count() or 1,
-            minloglevel=2)
+            control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
+            input_sentence_size=0, max_sentence_length=1 << 16, num_threads=os.cpu_count() or 1, minloglevel=2)
     return f"{model_prefix}.model"
 
 
 # ----------------------------------------------------------------------------------------------
 # Masked-LM stream
 
-def mask_tokens(ids, rng, tokenizer, max_predictions, masked_lm_prob=0.15, whole_word_masking=False):
-    """create_pretraining_data.py's create_masked_lm_predictions on one [CLS] ... [SEP] sequence (a list):
-    returns (input ids with the masks applied, sorted masked positions, their original ids)."""
-    candidates = []  # lists of positions masked together (a word, with whole-word masking)
-    for i in range(1, len(ids) - 1):
-        if whole_word_masking and candidates and not tokenizer.word_start[ids[i]]:
-            candidates[-1].append(i)
-        else:
-            candidates.append([i])
+def mask_tokens(ids, rng, tokenizer, max_predictions, masked_lm_prob=0.15):
+    """create_pretraining_data.py's create_masked_lm_predictions on one [CLS] ... [SEP] sequence: returns
+    (input ids with the masks applied, sorted masked positions, their original ids)."""
+    ids = np.asarray(ids)
     to_predict = min(max_predictions, max(1, round(len(ids) * masked_lm_prob)))
-    output, positions = list(ids), []
-    for k in rng.permutation(len(candidates)):
-        if len(positions) >= to_predict:
-            break
-        if len(positions) + len(candidates[k]) > to_predict:
-            continue
-        for i in candidates[k]:
-            if rng.random() < 0.8:
-                output[i] = tokenizer.mask_id
-            elif rng.random() >= 0.5:  # else: keep the original
-                output[i] = int(tokenizer.normal_ids[rng.integers(len(tokenizer.normal_ids))])
-            positions.append(i)
-    positions.sort()
-    return output, positions, [ids[i] for i in positions]
+    positions = np.sort(rng.choice(np.arange(1, len(ids) - 1), to_predict, replace=False))  # never [CLS]/[SEP]
+    output = ids.copy()
+    roll = rng.random(to_predict)
+    output[positions[roll < 0.8]] = tokenizer.mask_id  # 80%: [MASK]; 0.8 <= roll < 0.9: unchanged
+    replaced = positions[roll >= 0.9]  # 10%: a random ordinary piece
+    output[replaced] = tokenizer.normal_ids[rng.integers(len(tokenizer.normal_ids), size=len(replaced))]
+    return output, positions, ids[positions]
+
+
+# Where a stream is in one language's share (a few ints per stream and language: the loader's state).
+READER = np.dtype([(name, np.int64) for name in ("pass", "chunk", "doc", "line", "token", "any", "empty")])
+CACHED = 8  # chunks a stream keeps in memory: its memory does not grow with the number of languages
 
 
 @dataclass
@@ -338,260 +346,222 @@ class _Corpus:
     """What every stream needs, the same in every process (picklable for DataLoader workers)."""
     langs: list  # [(language, [paths])], sorted
     counts: list  # lines per language
-    info: dict  # path -> scan_file(path)
+    sizes: dict  # path -> bytes
     streams: int  # S
     seed: int
     shuffle_bytes: int
     alpha: float
 
 
-class _Reader:
-    """One stream's share of one language: chunks in a random order per pass, documents shuffled within a
-    chunk. `state` (a dict of ints, updated in place) is all it needs to continue where it was."""
+class _Stream:
+    """One slot of the global batch: rows of [CLS] ... [SEP], each from one language. `readers` (one READER
+    record per language) and `seq` are views into the worker's state: all the stream needs to go on."""
 
-    def __init__(self, corpus, lang_index, stream, tokenizer, state):
-        self.corpus, self.lang_index, self.stream, self.tokenizer, self.state = corpus, lang_index, stream, tokenizer, state
-        self.chunks = []  # (file index, start, stop): bytes of a plain file, or line numbers of a .gz file
-        S, s = corpus.streams, stream
-        for f, path in enumerate(corpus.langs[lang_index][1]):
-            info = corpus.info[path]
-            if path.endswith(".gz"):  # blocks of lines s, s + S, s + 2S, ... of about shuffle_bytes each
-                block = max(1, corpus.shuffle_bytes * info["raw_lines"] // info["bytes"])
-                self.chunks += [(f, k * block, min((k + 1) * block, info["raw_lines"]))
-                                for k in range(s, -(-info["raw_lines"] // block), S)]
-            else:
-                start, stop = info["bytes"] * s // S, info["bytes"] * (s + 1) // S
-                self.chunks += [(f, c, min(c + corpus.shuffle_bytes, stop))
-                                for c in range(start, stop, corpus.shuffle_bytes)]
-        self.order = self.docs = self.line_ids = None
-        self.gz = None  # (file index, line iterator, number of its next line)
+    def __init__(self, corpus, stream, tokenizer, readers, seq):
+        self.corpus, self.stream, self.tokenizer, self.readers, self.seq = corpus, stream, tokenizer, readers, seq
+        self.weights = np.array(corpus.counts, dtype=np.float64) ** corpus.alpha
+        self.shares = {}  # language -> ([(path, first byte, end byte, chunks in the files before)], chunks)
+        self.orders = {}  # language -> (pass, the order of its chunks in that pass)
+        self.cache = collections.OrderedDict()  # (language, pass, chunk) -> its documents, the last CACHED read
+        self.line_ids = self.line_key = None
 
     def _rng(self, *keys):
-        return np.random.default_rng([self.corpus.seed, self.stream, self.lang_index, self.state["pass"], *keys])
+        return np.random.default_rng([self.corpus.seed, self.stream, *keys])
 
-    def _chunk_docs(self, f, start, stop):
-        path = self.corpus.langs[self.lang_index][1][f]
-        if not path.endswith(".gz"):
-            return read_chunk(path, start, stop)
-        if self.gz is None or self.gz[0] != f or self.gz[2] > start:  # gzip cannot seek back: read again
-            self.gz = (f, iter_lines(path), 0)
-        _, lines, i = self.gz
-        for _ in range(start - i):
-            next(lines)
-        self.gz = (f, lines, stop)
-        return _documents([next(lines) for _ in range(stop - start)])
+    def _shuffled(self, n, *keys):
+        """A random order of range(n), a pure function of the keys (one item needs no draw)."""
+        return self._rng(*keys).permutation(n) if n > 1 else range(n)
 
-    def _load(self):
-        """Make docs[doc][line] the current line; False at the end of the pass."""
-        st = self.state
-        if self.order is None:
-            order = self._rng().permutation(len(self.chunks))
-            for f in {c[0] for c in self.chunks}:  # a .gz file is read front to back: its chunks in order
-                slots = [k for k, c in enumerate(order) if self.chunks[c][0] == f]
-                if self.corpus.langs[self.lang_index][1][f].endswith(".gz"):
-                    for k, c in zip(slots, sorted(order[slots])):
-                        order[k] = c
-            self.order = order
-        while self.docs is None or st["doc"] >= len(self.docs):
-            if self.docs is not None:
-                st["chunk"], st["doc"], st["line"] = st["chunk"] + 1, 0, 0
-            if st["chunk"] >= len(self.chunks):
-                self.docs = None
-                return False
-            docs = self._chunk_docs(*self.chunks[self.order[st["chunk"]]])
-            self.docs = [docs[i] for i in self._rng(st["chunk"]).permutation(len(docs))]
-        return True
+    def _chunk(self, lang, k):
+        """(path, start, stop) of chunk k of this stream's share of the language: shuffle_bytes each."""
+        S, s, step = self.corpus.streams, self.stream, self.corpus.shuffle_bytes
+        if lang not in self.shares:
+            parts, n = [], 0
+            for path in self.corpus.langs[lang][1]:
+                size = self.corpus.sizes[path]
+                parts.append((path, size * s // S, size * (s + 1) // S, n))
+                n += -(-(parts[-1][2] - parts[-1][1]) // step)
+            self.shares[lang] = (parts, n)
+        if k is None:
+            return self.shares[lang][1]
+        path, first, end, before = next(p for p in reversed(self.shares[lang][0]) if p[3] <= k)
+        start = first + (k - before) * step
+        return path, start, min(start + step, end)
 
-    def take(self, n):
-        """Up to n pieces of the current line (fewer at its end); None when the pass is over (the reader
-        then starts its next pass)."""
-        st = self.state
+    def _current_docs(self, lang):
+        """The documents of the reader's current chunk, read again if the stream read elsewhere since; None
+        when the pass over the share is over."""
+        st, chunks = self.readers[lang], self._chunk(lang, None)
+        while st["chunk"] < chunks:
+            if self.orders.get(lang, (None,))[0] != st["pass"]:
+                self.orders[lang] = (st["pass"], self._shuffled(chunks, lang, st["pass"]))
+            key = (lang, int(st["pass"]), int(st["chunk"]))
+            if key not in self.cache:
+                docs = read_chunk(*self._chunk(lang, int(self.orders[lang][1][st["chunk"]])))
+                self.cache[key] = [docs[i] for i in self._shuffled(len(docs), *key)]
+                if len(self.cache) > CACHED:
+                    self.cache.popitem(last=False)
+            self.cache.move_to_end(key)
+            if st["doc"] < len(self.cache[key]):
+                return self.cache[key]
+            st["chunk"], st["doc"], st["line"] = st["chunk"] + 1, 0, 0
+        return None
+
+    def _take(self, lang, n):
+        """Up to n pieces of the language's current line (fewer at its end); None when the pass is over."""
+        st = self.readers[lang]
         while True:
-            if self.line_ids is None:
-                if not self._load():
-                    self._next_pass()
-                    return None
-                self.line_ids = self.tokenizer.encode(self.docs[st["doc"]][st["line"]])
+            docs = self._current_docs(lang)
+            if docs is None:  # used up: the next pass, reshuffled; a share without text is never drawn again
+                st["empty"] = not st["any"]
+                st["pass"], st["chunk"], st["doc"], st["line"], st["token"], st["any"] = st["pass"] + 1, 0, 0, 0, 0, 0
+                return None
+            key = (lang, int(st["pass"]), int(st["chunk"]), int(st["doc"]), int(st["line"]))
+            if self.line_key != key:
+                self.line_ids, self.line_key = self.tokenizer.encode(docs[st["doc"]][st["line"]].decode("utf-8")), key
                 st["any"] = 1
             if st["token"] < len(self.line_ids):
                 piece = self.line_ids[st["token"]:st["token"] + n]
                 st["token"] += len(piece)
                 return piece
-            self.line_ids, st["token"], st["line"] = None, 0, st["line"] + 1
-            if st["line"] >= len(self.docs[st["doc"]]):
+            st["line"], st["token"] = st["line"] + 1, 0
+            if st["line"] >= len(docs[st["doc"]]):
                 st["doc"], st["line"] = st["doc"] + 1, 0
 
-    def _next_pass(self):
-        st = self.state
-        if st["any"]:
-            st["used_up"] = 1
-        else:
-            st["empty"] = 1  # this share of the language holds no text: the stream never draws it again
-        st.update({"pass": st["pass"] + 1, "chunk": 0, "doc": 0, "line": 0, "token": 0, "any": 0})
-        self.order = self.docs = None
-
-
-def _new_stream_state(num_langs):
-    return {"seq": 0, "done": 0, "readers": [
-        {"pass": 0, "chunk": 0, "doc": 0, "line": 0, "token": 0, "any": 0, "used_up": 0, "empty": 0}
-        for _ in range(num_langs)]}
-
-
-class _Stream:
-    """One slot of the global batch: a sequence of [CLS] ... [SEP] rows, each from one language."""
-
-    def __init__(self, corpus, stream, tokenizer, state, seq_len, infinite):
-        self.corpus, self.stream, self.state, self.seq_len, self.infinite = corpus, stream, state, seq_len, infinite
-        self.readers = [_Reader(corpus, i, stream, tokenizer, r) for i, r in enumerate(state["readers"])]
-        self.weights = np.array(corpus.counts, dtype=np.float64) ** corpus.alpha
-
-    def next_row(self):
-        """(pieces without [CLS]/[SEP], rng for the masking), or None once this stream's epoch is over."""
-        st = self.state
-        if st["done"]:
-            return None
-        rng = np.random.default_rng([self.corpus.seed, self.stream, st["seq"], 1 << 30])
-        st["seq"] += 1
+    def next_row(self, length):
+        """(`length` pieces of one language, the rng that masks them)."""
+        rng = self._rng(int(self.seq[0]), 1 << 30)
+        self.seq[0] += 1
         ids, lang = [], None
-        while len(ids) < self.seq_len - 2:
+        while len(ids) < length:
             if lang is None:
-                live = [i for i, r in enumerate(self.readers) if not r.state["empty"]]
-                if not live:
+                live = np.flatnonzero(self.readers["empty"] == 0)
+                if not len(live):
                     raise DataError(f"stream {self.stream} of {self.corpus.streams} has no text: the corpus is too "
                                     f"small for world_size x batch_size x num_workers shares")
                 cumulative = np.cumsum(self.weights[live])
-                lang = live[min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")),
-                                len(live) - 1)]
-            piece = self.readers[lang].take(self.seq_len - 2 - len(ids))
+                lang = int(live[min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"),
+                                    len(live) - 1)])
+            piece = self._take(lang, length - len(ids))
             if piece is not None:
                 ids += piece
-                continue
-            if self.readers[lang].state["empty"]:
+            elif self.readers[lang]["empty"]:
                 lang = None  # draw again, among the languages this share has
-                continue
-            if not self.infinite and all(r.state["used_up"] or r.state["empty"] for r in self.readers):
-                st["done"] = 1
-                break
-        return (ids, rng) if ids else None
+        return ids, rng
 
 
-def _worker_batches(corpus, tokenizer, config, worker, state):
-    """The batches of one (rank, worker): forever, as (batch or None, state after it, worker). None once all
-    the worker's streams have finished the epoch (the main process then starts the next one)."""
-    batch_size, seq_len, max_predictions, rank, world_size, whole_word, infinite = config
+def _worker_batches(corpus, tokenizer, settings, worker, state):
+    """The batches of one (rank, worker), forever, as (batch, its state after the batch, worker)."""
+    batch_size, seq_len, max_predictions, rank, world_size = settings
     first = worker * batch_size * world_size + rank * batch_size
-    streams = [_Stream(corpus, first + b, tokenizer, st, seq_len, infinite) for b, st in enumerate(state["streams"])]
+    streams = [_Stream(corpus, first + b, tokenizer, state["readers"][b], state["seq"][b:b + 1])
+               for b in range(batch_size)]
     while True:
-        if state["done"]:
-            yield None, state, worker
-            continue
-        input_ids = np.full((batch_size, seq_len), tokenizer.pad_id, dtype=np.int64)
-        attention_mask = np.zeros((batch_size, seq_len), dtype=np.int64)
+        input_ids = np.empty((batch_size, seq_len), dtype=np.int64)
         positions = np.zeros((batch_size, max_predictions), dtype=np.int64)
         masked_ids = np.zeros((batch_size, max_predictions), dtype=np.int64)
         weights = np.zeros((batch_size, max_predictions), dtype=np.float32)
         for b, stream in enumerate(streams):
-            row = stream.next_row()
-            if row is None:
-                continue  # padding: this stream's epoch is over
-            ids, rng = row
-            ids = [tokenizer.cls_id] + ids + [tokenizer.sep_id]
-            masked, pos, original = mask_tokens(ids, rng, tokenizer, max_predictions, whole_word_masking=whole_word)
-            input_ids[b, :len(ids)] = masked
-            attention_mask[b, :len(ids)] = 1
+            ids, rng = stream.next_row(seq_len - 2)
+            masked, pos, original = mask_tokens([tokenizer.cls_id, *ids, tokenizer.sep_id], rng, tokenizer,
+                                                max_predictions)
+            input_ids[b] = masked
             positions[b, :len(pos)], masked_ids[b, :len(pos)], weights[b, :len(pos)] = pos, original, 1.0
-        state["done"] = int(all(s.state["done"] for s in streams))
-        batch = {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.zeros_like(torch.from_numpy(input_ids)),
-                 "attention_mask": torch.from_numpy(attention_mask), "masked_positions": torch.from_numpy(positions),
+        input_ids = torch.from_numpy(input_ids)
+        batch = {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids),
+                 "attention_mask": torch.ones_like(input_ids), "masked_positions": torch.from_numpy(positions),
                  "masked_ids": torch.from_numpy(masked_ids), "masked_weights": torch.from_numpy(weights)}
-        yield batch, copy.deepcopy(state), worker
+        yield batch, {k: v.copy() for k, v in state.items()}, worker
 
 
 class _WorkerStreams(torch.utils.data.IterableDataset):
-    def __init__(self, corpus, tokenizer, config, workers, states):
-        self.corpus, self.tokenizer, self.config, self.workers, self.states = corpus, tokenizer, config, workers, states
+    def __init__(self, corpus, tokenizer, settings, workers, states):
+        self.corpus, self.tokenizer, self.settings, self.workers, self.states = corpus, tokenizer, settings, workers, states
 
     def __iter__(self):
         p = torch.utils.data.get_worker_info().id
-        return _worker_batches(self.corpus, self.tokenizer, self.config, self.workers[p], self.states[p])
+        return _worker_batches(self.corpus, self.tokenizer, self.settings, self.workers[p], self.states[p])
+
+
+class MLMLoader:
+    """The masked-LM input stream (see the module docstring): iterating it never ends.
+    state_dict() after any batch, load_state_dict() before iterating: exact resume."""
+
+    def __init__(self, data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
+                 world_size=1, num_workers=0, alpha=0.5, shuffle_bytes=1 << 14):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        if seq_len < 3 or batch_size < 1 or max_predictions < 1 or num_workers < 0 or seed < 0:
+            raise ValueError("need seq_len >= 3, batch_size >= 1, max_predictions >= 1, num_workers >= 0, seed >= 0")
+        self.tokenizer, self.num_workers = tokenizer, num_workers
+        langs = sorted(corpus_files(data).items())
+        lines = line_counts([p for _, paths in langs for p in paths])
+        counts = [sum(lines[p] for p in paths) for _, paths in langs]
+        sizes = {p: os.path.getsize(p) for _, paths in langs for p in paths}
+        workers = max(num_workers, 1)
+        self.corpus = _Corpus(langs, counts, sizes, workers * batch_size * world_size, seed, shuffle_bytes, alpha)
+        self.settings = (batch_size, seq_len, max_predictions, rank, world_size)
+        self.languages = {lang: n for (lang, _), n in zip(langs, counts)}
+        self.probabilities = sampling_probabilities(self.languages, alpha)
+        # What a saved state must agree with: the files by name and size (not by path: a corpus may move).
+        self._fingerprint = {"files": [[lang, os.path.basename(p), sizes[p]] for lang, paths in langs for p in paths],
+                             "seed": seed, "batch_size": batch_size, "seq_len": seq_len,
+                             "max_predictions": max_predictions, "rank": rank, "world_size": world_size,
+                             "num_workers": num_workers, "alpha": alpha, "shuffle_bytes": shuffle_bytes}
+        self._state = {"next_worker": 0, "workers": [
+            {"seq": np.zeros(batch_size, dtype=np.int64), "readers": np.zeros((batch_size, len(langs)), dtype=READER)}
+            for _ in range(workers)]}
+
+    def state_dict(self):
+        return {"fingerprint": self._fingerprint, "next_worker": self._state["next_worker"],
+                "workers": [{"seq": torch.tensor(w["seq"]),
+                             "readers": torch.tensor(w["readers"].view(np.int64).reshape(len(w["seq"]), -1))}
+                            for w in self._state["workers"]]}
+
+    def load_state_dict(self, state):
+        saved = state.get("fingerprint", {})
+        differ = [f"{key} {saved.get(key)!r} then, {value!r} now" for key, value in self._fingerprint.items()
+                  if key != "files" and saved.get(key) != value]
+        if saved.get("files") != self._fingerprint["files"]:
+            differ.append(f"the corpus files (name, size) {_first_difference(saved.get('files'), self._fingerprint['files'])}")
+        if differ:
+            raise DataError(f"the saved data-loader state was made with other data or settings: {'; '.join(differ)}")
+        self._state = {"next_worker": state["next_worker"], "workers": [
+            {"seq": w["seq"].numpy().copy(), "readers": w["readers"].numpy().copy().view(READER)}
+            for w in state["workers"]]}
+
+    def __iter__(self):
+        st = self._state
+        n = len(st["workers"])
+        logical = [(st["next_worker"] + p) % n for p in range(n)]  # DataLoader asks worker 0, 1, ... in turn
+        states = [{k: v.copy() for k, v in st["workers"][w].items()} for w in logical]
+        if self.num_workers == 0:
+            source = _worker_batches(self.corpus, self.tokenizer, self.settings, 0, states[0])
+        else:
+            source = iter(torch.utils.data.DataLoader(
+                _WorkerStreams(self.corpus, self.tokenizer, self.settings, logical, states), batch_size=None,
+                num_workers=self.num_workers, collate_fn=_identity))
+        for batch, worker_state, w in source:
+            st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n
+            yield batch
 
 
 def _identity(item):
     return item
 
 
-class MLMLoader:
-    """The masked-LM input stream (see the module docstring). Iterating yields one epoch of batches; iterate
-    again for the next. infinite=True: one endless iteration with no padding rows (for pre-training).
-    state_dict() after any batch, load_state_dict() before iterating: exact resume."""
-
-    def __init__(self, data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
-                 world_size=1, num_workers=0, alpha=0.5, whole_word_masking=False, shuffle_bytes=1 << 16,
-                 infinite=False):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        if seq_len < 3 or batch_size < 1 or max_predictions < 1 or num_workers < 0 or seed < 0:
-            raise ValueError("need seq_len >= 3, batch_size >= 1, max_predictions >= 1, num_workers >= 0, seed >= 0")
-        self.tokenizer, self.batch_size, self.num_workers = tokenizer, batch_size, num_workers
-        langs = sorted(corpus_files(data).items())
-        info = {p: scan_file(p) for _, paths in langs for p in paths}
-        counts = [sum(info[p]["lines"] for p in paths) for _, paths in langs]
-        workers = max(num_workers, 1)
-        self.corpus = _Corpus(langs, counts, info, workers * batch_size * world_size, seed, shuffle_bytes, alpha)
-        self.config = (batch_size, seq_len, max_predictions, rank, world_size, whole_word_masking, infinite)
-        self.languages = {lang: n for (lang, _), n in zip(langs, counts)}
-        self.probabilities = sampling_probabilities(self.languages, alpha)
-        self._fingerprint = {"files": [[lang, p, info[p]["bytes"]] for lang, paths in langs for p in paths],
-                             "streams": self.corpus.streams, "seed": seed, "config": list(self.config),
-                             "num_workers": num_workers, "shuffle_bytes": shuffle_bytes, "alpha": alpha}
-        self._state = {"epoch": 0, "next_worker": 0, "workers": [
-            {"done": 0, "streams": [_new_stream_state(len(langs)) for _ in range(batch_size)]}
-            for _ in range(workers)]}
-
-    def state_dict(self):
-        return copy.deepcopy({"fingerprint": self._fingerprint, **self._state})
-
-    def load_state_dict(self, state):
-        if state.get("fingerprint") != self._fingerprint:
-            raise ValueError("this loader state was saved for other data or settings (files, seed, batch_size, "
-                             f"seq_len, rank, world_size, num_workers): saved {state.get('fingerprint')}, now "
-                             f"{self._fingerprint}")
-        self._state = copy.deepcopy({k: v for k, v in state.items() if k != "fingerprint"})
-
-    def _end_epoch(self):
-        st = self._state
-        st["epoch"] += 1
-        for worker in st["workers"]:
-            worker["done"] = 0
-            for stream in worker["streams"]:
-                stream["done"] = 0
-                for reader in stream["readers"]:
-                    reader["used_up"] = 0
-
-    def __iter__(self):
-        st = self._state
-        if all(w["done"] for w in st["workers"]):
-            self._end_epoch()
-        n = len(st["workers"])
-        logical = [(st["next_worker"] + p) % n for p in range(n)]  # DataLoader asks worker 0, 1, ... in turn
-        states = [copy.deepcopy(st["workers"][w]) for w in logical]
-        if self.num_workers == 0:
-            source = _worker_batches(self.corpus, self.tokenizer, self.config, 0, states[0])
-        else:
-            source = iter(torch.utils.data.DataLoader(
-                _WorkerStreams(self.corpus, self.tokenizer, self.config, logical, states), batch_size=None,
-                num_workers=self.num_workers, collate_fn=_identity))
-        for batch, worker_state, w in source:
-            st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n
-            if batch is not None:
-                yield batch
-            if all(wk["done"] for wk in st["workers"]):
-                break
-        self._end_epoch()
+def _first_difference(saved, now):
+    saved = saved or []
+    for i in range(max(len(saved), len(now))):
+        a, b = (saved[i] if i < len(saved) else None), (now[i] if i < len(now) else None)
+        if a != b:
+            return f"{a} then, {b} now"
+    return ""
 
 
 # ----------------------------------------------------------------------------------------------
-# XTREME tasks: reading
+# XTREME tasks: reading. Task files are UTF-8 (a leading byte order mark is dropped), lines end in "\n" or
+# "\r\n", and are split on those only: a sentence may hold U+001C, which str.splitlines() would break on.
 
 @dataclass
 class PairExample:
@@ -599,6 +569,7 @@ class PairExample:
     sentence2: str
     label: str  # None in a file without labels
     source: str  # "file:line", for error messages
+    language: str = None  # from a `language` column (XNLI 1.0's own files)
 
 
 @dataclass
@@ -618,65 +589,67 @@ class SquadExample:
     source: str
 
 
-def _read_text(path):
-    """A whole task file (they are small) as text, with a line number for a non-UTF-8 byte."""
+def read_text(path):
+    """A whole task file (they are small) as text, "\\r\\n" as "\\n"; a non-UTF-8 byte names its line."""
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
+        raise DataError(f"{path}:{raw.count(NEWLINE, 0, e.start) + 1}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
+    if not text.strip():
+        raise DataError(f"{path}: empty file")
+    return text.removeprefix("\ufeff").replace("\r\n", "\n")
 
 
-def _check_label(label, labels, source):
+def check_label(label, labels, source):
+    """The index of `label` in the task's `labels`."""
     if label not in labels:
         raise DataError(f"{source}: unknown label {label!r}; expected one of {', '.join(labels)}")
     return labels.index(label)
 
 
-def _check_fields(where, fields, width, allowed, expected):
-    """The line's number of tab-separated fields: one of `allowed`, and the first line's (`width`)."""
-    if width is None and len(fields) not in allowed:
-        raise DataError(f"{where}: {len(fields)} tab-separated fields; expected {expected}")
-    if width is not None and len(fields) != width:
-        raise DataError(f"{where}: {len(fields)} tab-separated fields, the first line has {width}")
-    return len(fields)
-
-
-def read_pairs(path, labels=None):
+def read_pairs(path, labels=None, labelled=False):
     """XNLI / PAWS-X sentence pairs. XTREME's TSV (sentence1<TAB>sentence2<TAB>label, no header, written by
     Python's csv module: a field holding a quote is quoted, its quotes doubled) or, with a header row, the
-    original releases (XNLI's sentence1/sentence2/gold_label, XNLI-MT's premise/hypo/label, PAWS-X's
-    id/sentence1/sentence2/label; quotes are plain characters there). Lines end at "\\n" only: a sentence may
-    hold U+001C, which str.splitlines() would break on. Two columns: no labels. `labels` checks them."""
-    text = _read_text(path)
-    header = text.split("\n", 1)[0].rstrip("\r").split("\t")
+    original releases (XNLI 1.0's language/gold_label/.../sentence1/sentence2, XNLI-MT's premise/hypo/label,
+    PAWS-X's id/sentence1/sentence2/label; quotes are plain characters there). Two columns: no labels, which
+    labelled=True refuses. `labels`, the task's label set, checks them."""
+    text = read_text(path)
+    header = text.split("\n", 1)[0].split("\t")
     columns = None
     if {"label", "gold_label"} & set(header):
-        names = [("sentence1", "premise"), ("sentence2", "hypo"), ("gold_label", "label")]
+        names = [("sentence1", "premise"), ("sentence2", "hypo"), ("gold_label", "label"), ("language",)]
         columns = [next((header.index(n) for n in alternatives if n in header), None) for alternatives in names]
-        if None in columns:
+        if None in columns[:3]:
             raise DataError(f"{path}:1: a header without sentence1/premise, sentence2/hypo and label columns: {header}")
-    quoting = csv.QUOTE_NONE if columns else csv.QUOTE_MINIMAL
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", quoting=quoting, strict=True)
-    examples, width = [], None
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", strict=True,
+                        quoting=csv.QUOTE_NONE if columns else csv.QUOTE_MINIMAL)
+    examples, width, line = [], None, 1
     try:
         for row in reader:
-            where = f"{path}:{reader.line_num}"
+            where, line = f"{path}:{line}", reader.line_num + 1  # where this row started; the next one's line
+            if columns and reader.line_num == 1:
+                continue
+            if any("\n" in f for f in row):
+                raise DataError(f"{where}: a quoted field runs over several lines (a quote never closed?)")
             if columns:
-                if reader.line_num == 1:
-                    continue
                 if len(row) != len(header):
                     raise DataError(f"{where}: {len(row)} fields, the header has {len(header)}")
-                row = [row[i] for i in columns]
-            width = _check_fields(where, row, width, (2, 3), "sentence1<TAB>sentence2[<TAB>label]")
-            label = LABEL_ALIASES.get(row[2], row[2]) if width == 3 else None
+                row = [row[i] for i in columns[:3]] + [row[columns[3]] if columns[3] is not None else None]
+            else:
+                if len(row) not in ((3,) if labelled else (2, 3)) or width not in (None, len(row)):
+                    expected = (f"the first line has {width}" if width else "expected sentence1<TAB>sentence2<TAB>label"
+                                if labelled else "expected sentence1<TAB>sentence2[<TAB>label]")
+                    raise DataError(f"{where}: {len(row)} tab-separated fields; {expected}")
+                width = len(row)
+                row = row + [None] * (4 - len(row))
+            label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])
             if labels is not None and label is not None:
-                _check_label(label, labels, where)
-            examples.append(PairExample(row[0], row[1], label, where))
+                check_label(label, labels, where)
+            examples.append(PairExample(row[0], row[1], label, where, row[3]))
     except csv.Error as e:
-        raise DataError(f"{path}:{reader.line_num}: {e}") from None
+        raise DataError(f"{path}:{line}: {e} (a quote never closed?)") from None
     if not examples:
         raise DataError(f"{path}: no examples")
     return examples
@@ -685,22 +658,25 @@ def read_pairs(path, labels=None):
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:")
 
 
-def read_tagging(path, labels=None):
-    """PAN-X / UD-POS: token<TAB>label lines, a blank line between sentences (a token alone: no labels). The
-    raw XTREME files prefix every token with its language ("en:Paris"); when all tokens share one such
-    prefix, it is removed."""
+def read_tagging(path, labels=None, labelled=False):
+    """PAN-X / UD-POS: token<TAB>label lines, a blank line between sentences (a token alone: no labels, which
+    labelled=True refuses). The raw XTREME files prefix every token with its language ("en:Paris"); when all
+    tokens share one such prefix, it is removed."""
     sentences, current, width = [], [], None
-    for number, line in enumerate(_read_text(path).split("\n"), 1):
-        line = line.rstrip("\r")
+    for number, line in enumerate(read_text(path).split("\n"), 1):
         if not line.strip():
             if current:
                 sentences.append(current)
                 current = []
             continue
         fields = line.split("\t")
-        width = _check_fields(f"{path}:{number}", fields, width, (1, 2), "token[<TAB>label]")
-        if labels is not None and width == 2:
-            _check_label(fields[1], labels, f"{path}:{number}")
+        if len(fields) not in ((2,) if labelled else (1, 2)) or not fields[0] or (width and width[0] != len(fields)):
+            expected = (f"line {width[1]} has {width[0]}" if width else "expected token<TAB>label"
+                        if labelled else "expected token<TAB>label or token")
+            raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields; {expected}")
+        width = width or (len(fields), number)
+        if labels is not None and len(fields) == 2:
+            check_label(fields[1], labels, f"{path}:{number}")
         current.append((number, fields))
     if current:
         sentences.append(current)
@@ -708,33 +684,54 @@ def read_tagging(path, labels=None):
         raise DataError(f"{path}: no sentences")
     prefixes = {(_LANG_PREFIX.match(f[0]) or [None])[0] for s in sentences for _, f in s}
     cut = len(next(iter(prefixes))) if len(prefixes) == 1 and None not in prefixes else 0
-    return [TaggingExample([f[0][cut:] for _, f in s], [f[1] for _, f in s] if width == 2 else None,
+    return [TaggingExample([f[0][cut:] for _, f in s], [f[1] for _, f in s] if width[0] == 2 else None,
                            f"{path}:{s[0][0]}") for s in sentences]
 
 
-def read_squad(path):
-    """SQuAD v1.1 JSON (XQuAD, MLQA, TyDiQA-GoldP): one example per question. Every answer must be found at
-    its answer_start in the context."""
+def read_squad(path, check_answers=True):
+    """SQuAD v1.1 JSON (XQuAD, MLQA, TyDiQA-GoldP): one example per question, its structure checked, every
+    question id once, and (check_answers) every answer found at its answer_start in the context."""
     try:
-        squad = json.loads(_read_text(path))
-        articles = squad["data"]
+        articles = json.loads(read_text(path))["data"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise DataError(f"{path}: not SQuAD-format JSON ({e})") from None
-    examples = []
+        raise DataError(f"{path}: not SQuAD-format JSON (a top-level \"data\" list) ({e})") from None
+    _expect(isinstance(articles, list), f'{path}: "data"', "list of articles")
+    examples, seen = [], set()
     for a, article in enumerate(articles):
-        for paragraph in article["paragraphs"]:
+        where = f"{path}: data[{a}]"
+        _expect(isinstance(article, dict) and isinstance(article.get("paragraphs"), list), where, '"paragraphs" list')
+        for p, paragraph in enumerate(article["paragraphs"]):
+            where = f"{path}: data[{a}].paragraphs[{p}]"
+            _expect(isinstance(paragraph, dict) and isinstance(paragraph.get("context"), str), where, '"context" string')
+            _expect(isinstance(paragraph.get("qas"), list), where, '"qas" list')
             context = paragraph["context"]
-            for qa in paragraph["qas"]:
-                where = f"{path}: question {qa.get('id')!r}"
+            for q, qa in enumerate(paragraph["qas"]):
+                where = f"{path}: data[{a}].paragraphs[{p}].qas[{q}]"
+                _expect(isinstance(qa, dict) and isinstance(qa.get("id"), str) and qa["id"], where, '"id" string')
+                where = f"{path}: question {qa['id']!r}"
+                if qa["id"] in seen:
+                    raise DataError(f"{where}: this id is used twice (scores are kept by id)")
+                seen.add(qa["id"])
+                _expect(isinstance(qa.get("question"), str), where, '"question" string')
+                _expect(isinstance(qa.get("answers", []), list), where, '"answers" list')
                 for answer in qa.get("answers", []):
-                    start, text = answer["answer_start"], answer["text"]
-                    if context[start:start + len(text)] != text:
-                        raise DataError(f"{where}: answer {text!r} is not at answer_start {start} of the context "
-                                        f"(found {context[start:start + len(text)]!r})")
+                    start = answer.get("answer_start") if isinstance(answer, dict) else None
+                    _expect(isinstance(start, int) and not isinstance(start, bool) and start >= 0
+                            and isinstance(answer.get("text"), str), where,
+                            'answers of {"text": string, "answer_start": integer >= 0}')
+                    found = context[start:start + len(answer["text"])]
+                    if check_answers and found != answer["text"]:
+                        raise DataError(f"{where}: answer {answer['text']!r} is not at answer_start {start} of "
+                                        f"the context (found {found!r})")
                 examples.append(SquadExample(qa["id"], qa["question"], context, qa.get("answers", []), a, where))
     if not examples:
         raise DataError(f"{path}: no questions")
     return examples
+
+
+def _expect(ok, where, what):
+    if not ok:
+        raise DataError(f"{where}: needs a {what}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -769,7 +766,7 @@ def pair_features(tokenizer, examples, labels, seq_len):
             (a if len(a) > len(b) else b).pop()
         features.append({"input_ids": [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id],
                          "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
-                         "labels": -100 if e.label is None else _check_label(e.label, labels, e.source)})
+                         "labels": -100 if e.label is None else check_label(e.label, labels, e.source)})
     return to_tensors(features, seq_len, tokenizer.pad_id)
 
 
@@ -787,7 +784,7 @@ def tagging_features(tokenizer, examples, labels, seq_len):
                 cut += len(e.tokens) - k
                 break
             ids += pieces
-            row_labels += [0 if e.labels is None else _check_label(e.labels[k], labels, e.source)]
+            row_labels += [0 if e.labels is None else check_label(e.labels[k], labels, e.source)]
             row_labels += [-100] * (len(pieces) - 1)
         features.append({"input_ids": ids + [tokenizer.sep_id], "token_type_ids": [0] * (len(ids) + 1),
                          "labels": row_labels + [-100]})
@@ -889,26 +886,29 @@ def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer
 
 # ----------------------------------------------------------------------------------------------
 
+@dataclass
+class TokenizerConfig:
+    input: list[str] = field(default_factory=list, metadata={
+        "help": "text files (language = file name up to the first dot) or directories of *.txt"})
+    vocab_size: int = field(default=8000, metadata={"help": "pieces (a soft limit for small corpora)"})
+    out: str = field(default="out/tokenizer/spm", metadata={"help": "output prefix: PREFIX.model and PREFIX.vocab"})
+    alpha: float = field(default=0.5, metadata={"help": "language sampling exponent"})
+    max_sentences: int = field(default=1_000_000, metadata={"help": "lines sampled for training, at most"})
+
+    def __post_init__(self):
+        if not self.input:
+            raise ValueError("--input is required")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
-    commands = parser.add_subparsers(dest="command", required=True)
-    train = commands.add_parser("tokenizer", allow_abbrev=False,
-                                help="train a unigram SentencePiece model on multilingual text")
-    train.add_argument("--input", nargs="+", required=True,
-                       help="text files (language = file name up to the first dot) or directories of *.txt")
-    train.add_argument("--vocab-size", type=int, required=True, help="pieces (a soft limit for small corpora)")
-    train.add_argument("--out", required=True, help="output prefix: writes PREFIX.model and PREFIX.vocab")
-    train.add_argument("--alpha", type=float, default=0.5, help="language sampling exponent (default: 0.5)")
-    train.add_argument("--max-sentences", type=int, default=1_000_000,
-                       help="lines sampled for training, at most (default: 1000000)")
-    args = parser.parse_args(argv)
-    langs = corpus_files(args.input)
-    path = train_tokenizer(args.input, args.vocab_size, args.out, args.alpha, args.max_sentences)
-    tokenizer = Tokenizer(path)
-    print(f"{path}: {tokenizer.vocab_size} pieces from {sum(map(len, langs.values()))} files in {len(langs)} "
+    from configs import parse_command_line
+    _, cfg = parse_command_line(__doc__, {"tokenizer": TokenizerConfig}, argv)
+    langs = corpus_files(cfg.input)
+    path = train_tokenizer(cfg.input, cfg.vocab_size, cfg.out, cfg.alpha, cfg.max_sentences)
+    print(f"{path}: {Tokenizer(path).vocab_size} pieces from {sum(map(len, langs.values()))} files in {len(langs)} "
           f"languages ({', '.join(langs)})")
 
 
 if __name__ == "__main__":
-    main()
+    from configs import run_script
+    run_script(main)

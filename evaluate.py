@@ -14,31 +14,36 @@ scripts' figures to the last digit (figures in percent, as those scripts print t
 It also runs the paper's analyses of a pre-trained model: masked-LM accuracy on held-out text (Table 8) and,
 per layer, nearest-neighbour translation accuracy between parallel sentences (Section 6, Figure 2).
 
-Predicting with a model that finetune.py saved, in the formats that `score` reads:
-  python evaluate.py predict --model out/finetune/lr-0.0001/seed-0 --task xquad --input ../shared/data/xquad/xquad.de.json \
-      --output pred.json
-Scoring (prints one JSON object; figures in percent):
+Scoring a prediction file (`python finetune.py predict` writes them) against a gold file; prints one JSON
+object, figures in percent:
   python evaluate.py score --task xquad --gold ../shared/data/xquad/xquad.de.json --predictions pred.json
   python evaluate.py score --task mlqa --lang zh --gold dev-context-zh-question-zh.json --predictions pred.json
   python evaluate.py score --task panx --gold test-de.tsv --predictions pred-de.tsv
   python evaluate.py score --task xnli --gold dev-de.tsv --predictions pred-de.txt
-Analyses (single process; --device auto picks a GPU when torch sees one, PJRT_DEVICE=TPU selects a TPU):
+Analyses (one process, on --device: auto picks a GPU when torch sees one):
   python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-00000800.pt --tokenizer out/tokenizer/spm.model \
       --data held_out.txt
-  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800.pt --tokenizer out/tokenizer/spm.model \
-      --source ../shared/data/xquad/xquad.en.json --target ../shared/data/xquad/xquad.zh.json
+  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800.pt \
+      --tokenizer out/tokenizer/spm.model --source ../shared/data/xquad/xquad.en.json \
+      --target ../shared/data/xquad/xquad.zh.json
 """
 
-import argparse
-import csv
-import io
+import itertools
 import json
 import re
 import string
 import sys
 import unicodedata
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+import data
+from configs import parse_command_line, run_script
+from model import DataError, Encoder, MaskedLM
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
 # The label sets, in the order of the task heads' outputs (finetune.py).
@@ -52,10 +57,6 @@ TAGGING_LABELS = {
     "udpos": ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN",
               "PUNCT", "SCONJ", "SYM", "VERB", "X"),
 }
-
-
-class DataError(ValueError):
-    """Malformed or mismatched evaluation input; the message names the file, line or field."""
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -139,7 +140,7 @@ def qa_scores(dataset, predictions, lang=None):
     normalize = squad_normalize if lang is None else (lambda text: mlqa_normalize(text, lang))
     exact_match = f1 = total = unanswered = 0
     seen = set()
-    for qa in _questions(dataset):
+    for qa in (qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]):
         total += 1
         seen.add(qa["id"])
         if qa["id"] not in predictions:
@@ -156,27 +157,9 @@ def qa_scores(dataset, predictions, lang=None):
             "unanswered": unanswered, "ignored_predictions": len(set(predictions) - seen)}
 
 
-def _questions(dataset):
-    """Every question of a SQuAD-format "data" list, checking the structure on the way."""
-    if not isinstance(dataset, list):
-        raise DataError('"data" must be a list of articles')
-    for a, article in enumerate(dataset):
-        if not isinstance(article, dict) or not isinstance(article.get("paragraphs"), list):
-            raise DataError(f'data[{a}] needs a "paragraphs" list')
-        for p, paragraph in enumerate(article["paragraphs"]):
-            if not isinstance(paragraph, dict) or not isinstance(paragraph.get("qas"), list):
-                raise DataError(f'data[{a}].paragraphs[{p}] needs a "qas" list')
-            for q, qa in enumerate(paragraph["qas"]):
-                where = f"data[{a}].paragraphs[{p}].qas[{q}]"
-                if not isinstance(qa, dict) or not isinstance(qa.get("id"), str):
-                    raise DataError(f'{where} needs a string "id"')
-                answers = qa.get("answers")
-                if not isinstance(answers, list) or not answers:
-                    raise DataError(f'{where} (id {qa["id"]!r}) needs a non-empty "answers" list')
-                for i, answer in enumerate(answers):
-                    if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
-                        raise DataError(f'{where}.answers[{i}] needs a string "text"')
-                yield qa
+def squad_dataset(examples):
+    """A SQuAD-format "data" list of data.read_squad's examples, as qa_scores takes it."""
+    return [{"paragraphs": [{"qas": [{"id": e.id, "answers": e.answers} for e in examples]}]}]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -241,74 +224,15 @@ def accuracy(gold, predicted):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Readers for the `score` command. Input is UTF-8 with "\n" line ends; lines are split on "\n" only, since
-# real data holds characters (U+001C in PAWS-X ko) that str.splitlines() would also break on.
-
-def _read_text(path):
-    data = Path(path).read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise DataError(f"{path}:{line}: not UTF-8 (byte {e.start}: {e.reason})")
-    if not text.strip():
-        raise DataError(f"{path}: empty file")
-    return text
-
-
-def _lines(path):
-    lines = _read_text(path).split("\n")
-    return lines[:-1] if lines[-1] == "" else lines
-
-
-def _check_label(label, labels, path, line):
-    if label not in labels:
-        raise DataError(f"{path}:{line}: unknown label {label!r}; expected one of {', '.join(labels)}")
-
-
-def read_classification_gold(path, task):
-    """Labels of a `sentence1<TAB>sentence2<TAB>label` file, read with csv rules (quoted fields, doubled
-    quotes) as XTREME's csv.writer wrote them."""
-    labels = []
-    reader = csv.reader(io.StringIO(_read_text(path), newline="\n"), delimiter="\t", strict=True)
-    try:
-        for row in reader:
-            if len(row) != 3:
-                raise DataError(f"{path}:{reader.line_num}: expected 3 tab-separated fields "
-                                f"(sentence1, sentence2, label), found {len(row)}")
-            _check_label(row[2], CLASSIFICATION_LABELS[task], path, reader.line_num)
-            labels.append(row[2])
-    except csv.Error as e:
-        raise DataError(f"{path}:{reader.line_num}: {e}")
-    return labels
-
+# `score`: gold files are read by data.py's readers (the ones fine-tuning uses), prediction files here.
 
 def read_labels(path, task):
-    """One label per line."""
-    labels = _lines(path)
+    """One label per line (a last line without its newline counts)."""
+    labels = data.read_text(path).split("\n")
+    labels = labels[:-1] if labels[-1] == "" else labels
     for line, label in enumerate(labels, 1):
-        _check_label(label, CLASSIFICATION_LABELS[task], path, line)
+        data.check_label(label, CLASSIFICATION_LABELS[task], f"{path}:{line}")
     return labels
-
-
-def read_tagged(path, task):
-    """Sentences of (token, label) from a `token<TAB>label` file with a blank line between sentences, and
-    the line number of each sentence's first token."""
-    sentences, starts, sentence = [], [], []
-    for line, text in enumerate(_lines(path) + [""], 1):
-        if text == "":
-            if sentence:
-                sentences.append(sentence)
-                sentence = []
-            continue
-        fields = text.split("\t")
-        if len(fields) != 2 or not fields[0]:
-            raise DataError(f"{path}:{line}: expected `token<TAB>label`, found {text!r}")
-        _check_label(fields[1], TAGGING_LABELS[task], path, line)
-        if not sentence:
-            starts.append(line)
-        sentence.append(tuple(fields))
-    return sentences, starts
 
 
 def read_json(path):
@@ -320,69 +244,59 @@ def read_json(path):
             raise DataError(f"{path}: duplicate key {duplicated[0]!r}")
         return dict(pairs)
     try:
-        return json.loads(_read_text(path), object_pairs_hook=no_duplicates)
+        return json.loads(data.read_text(path), object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})")
+        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
 
 
 def score_files(task, gold_path, predictions_path, lang=None):
-    """Scores a prediction file against a gold file in the task's format; returns the metrics dict."""
+    """Scores a prediction file against a gold file in the task's format; returns the metrics dict. A gold
+    file with a language column (XNLI 1.0's own) adds each language's accuracy under "languages"."""
     if task in CLASSIFICATION_LABELS:
-        gold, predicted = read_classification_gold(gold_path, task), read_labels(predictions_path, task)
+        gold = data.read_pairs(gold_path, CLASSIFICATION_LABELS[task], labelled=True)
+        predicted = read_labels(predictions_path, task)
         if len(gold) != len(predicted):
             raise DataError(f"{gold_path} has {len(gold)} examples but {predictions_path} has {len(predicted)} labels")
-        return accuracy(gold, predicted)
+        result = accuracy([e.label for e in gold], predicted)
+        if gold[0].language:
+            pairs = sorted(zip(gold, predicted), key=lambda pair: pair[0].language)
+            result["languages"] = {lang: accuracy(*zip(*[(e.label, p) for e, p in group]))["accuracy"]
+                                   for lang, group in itertools.groupby(pairs, key=lambda pair: pair[0].language)}
+        return result
     if task in TAGGING_LABELS:
-        gold, starts = read_tagged(gold_path, task)
-        predicted, _ = read_tagged(predictions_path, task)
+        gold = data.read_tagging(gold_path, TAGGING_LABELS[task], labelled=True)
+        predicted = data.read_tagging(predictions_path, TAGGING_LABELS[task], labelled=True)
         if len(gold) != len(predicted):
             raise DataError(f"{gold_path} has {len(gold)} sentences but {predictions_path} has {len(predicted)}")
-        for g, p, line in zip(gold, predicted, starts):
-            if [token for token, _ in g] != [token for token, _ in p]:
-                raise DataError(f"the sentence at {gold_path}:{line} has other tokens in {predictions_path}")
-        tags = [[label for _, label in s] for s in gold], [[label for _, label in s] for s in predicted]
+        for g, p in zip(gold, predicted):
+            if g.tokens != p.tokens:
+                raise DataError(f"the sentence at {g.source} has other tokens in {predictions_path} ({p.source})")
+        tags = [s.labels for s in gold], [s.labels for s in predicted]
         return ner_scores(*tags) if task == "panx" else pos_scores(*tags)
-    gold = read_json(gold_path)
+    if task == "mlqa" and lang not in MLQA_LANGUAGES:
+        raise DataError(f"--lang must be one of {', '.join(MLQA_LANGUAGES)} for mlqa (its answer normalization "
+                        f"depends on the language), got {lang!r}")
+    gold = data.read_squad(gold_path, check_answers=False)  # the official scripts read only the answers' text
+    unanswerable = [e.id for e in gold if not e.answers]
+    if unanswerable:
+        raise DataError(f"{gold_path}: question {unanswerable[0]!r} has no gold answer to score against")
     predictions = read_json(predictions_path)
-    if not isinstance(gold, dict) or "data" not in gold:
-        raise DataError(f'{gold_path}: not SQuAD-format JSON (no top-level "data")')
-    if not isinstance(predictions, dict):
+    if not isinstance(predictions, dict) or not all(isinstance(v, str) for v in predictions.values()):
         raise DataError(f"{predictions_path}: expected a JSON object {{question id: answer text}}")
-    if task == "mlqa" and lang is None:
-        raise DataError("--lang is required for mlqa (its answer normalization depends on the language)")
-    try:
-        return qa_scores(gold["data"], predictions, lang if task == "mlqa" else None)
-    except DataError as e:
-        raise DataError(f"{gold_path} / {predictions_path}: {e}")
+    return qa_scores(squad_dataset(gold), predictions, lang if task == "mlqa" else None)
 
 
 # ---------------------------------------------------------------------------------------------------
-# The paper's analyses. torch, model.py and data.py are imported where needed, so that the metrics above
-# stay importable with the standard library alone.
+# The paper's analyses of a pre-trained model
 
 def load_masked_lm(path):
-    """A MaskedLM from a pretrain.py checkpoint (torch.save dict with "model" and "config") or from a
-    Hugging Face RemBERT directory."""
-    import torch
-    from model import MaskedLM, ModelConfig
-    if Path(path).is_dir():
-        return MaskedLM.from_hf(path)
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(checkpoint, dict) or not {"model", "config"} <= checkpoint.keys():
-        raise DataError(f'{path}: not a pretrain.py checkpoint (needs the keys "model" and "config")')
-    try:
-        model = MaskedLM(ModelConfig(**checkpoint["config"]))
-        model.load_state_dict(checkpoint["model"])
-    except (TypeError, RuntimeError) as e:
-        raise DataError(f"{path}: the weights do not fit the saved config: {e}")
-    return model
+    """A MaskedLM from a pretrain.py checkpoint or a Hugging Face RemBERT directory."""
+    return MaskedLM.from_hf(path) if Path(path).is_dir() else MaskedLM.from_checkpoint(path)
 
 
 def mlm_accuracy(model, batches, device="cpu"):
     """Masked-LM accuracy (percent) and mean cross-entropy over the masked positions of `batches`, dicts as
     data.MLMLoader yields them (masked_weights 0 marks padding predictions). Table 8 of the paper."""
-    import torch
-    import torch.nn.functional as F
     model.eval()
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # correct, summed loss, predictions
     with torch.no_grad():
@@ -404,7 +318,6 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     """One vector per sentence and layer: the mean of the sentence's token states without [CLS], [SEP] and
     padding. `sentences` are token-id lists (truncated to max_len - 2). Returns num_layers + 1 tensors
     (N, H): the embedding output (after the E_in -> H projection), then each layer's output."""
-    import torch
     encoder.eval()
     rows = [[cls_id] + ids[:max_len - 2] + [sep_id] for ids in sentences]
     for i, row in enumerate(rows):
@@ -436,7 +349,6 @@ def translation_accuracy(source, target, fit, test):
     """Nearest-neighbour translation accuracy (percent) of one layer (Figure 2's method): the translation
     vector is the mean of target - source over the `fit` pairs; each `test` source plus that vector
     retrieves its nearest `test` target by L2 distance, and is right when that is its own translation."""
-    import torch
     translation = (target[fit] - source[fit]).double().mean(0)
     distances = torch.cdist(source[test].double() + translation, target[test].double())  # (n_test, n_test)
     hits = distances.argmin(1) == torch.arange(len(test))
@@ -448,7 +360,6 @@ def translation_probe(encoder, source, target, cls_id, sep_id, pad_id, max_len=1
     """Per-layer translation accuracy (percent, a list of num_layers + 1) between parallel token-id lists.
     The pairs are split at random (seeded) into two halves: the translation vector is fitted on one and the
     accuracy measured on the other, so the vector never saw the pairs it retrieves."""
-    import torch
     if len(source) != len(target):
         raise DataError(f"{len(source)} source sentences but {len(target)} target sentences")
     if len(source) < 4:
@@ -464,7 +375,8 @@ def read_parallel(source_path, target_path, unit="questions"):
     """Parallel sentences: two SQuAD-format JSON files (XQuAD: the same question ids and paragraph order in
     every language), paired by question id or paragraph position; or two line-parallel text files."""
     if Path(source_path).suffix != ".json":
-        source, target = _lines(source_path), _lines(target_path)
+        source, target = ([line for line in data.read_text(path).split("\n")] for path in (source_path, target_path))
+        source, target = (lines[:-1] if lines[-1] == "" else lines for lines in (source, target))
         if len(source) != len(target):
             raise DataError(f"{source_path} has {len(source)} lines but {target_path} has {len(target)}")
         for path, lines in ((source_path, source), (target_path, target)):
@@ -474,128 +386,121 @@ def read_parallel(source_path, target_path, unit="questions"):
         return source, target
     sides = []
     for path in (source_path, target_path):
-        data = read_json(path)
-        if not isinstance(data, dict) or "data" not in data:
-            raise DataError(f'{path}: not SQuAD-format JSON (no top-level "data")')
-        paragraphs = [p for article in data["data"] for p in article["paragraphs"]]
+        examples = data.read_squad(path, check_answers=False)
         if unit == "contexts":
-            sides.append({tuple(qa["id"] for qa in p["qas"]): p["context"] for p in paragraphs})
+            sides.append({key: e.context for key, e in ((tuple(e.id for e in group), group[0]) for group in
+                                                       _paragraphs(examples))})
         else:
-            sides.append({qa["id"]: qa["question"] for p in paragraphs for qa in p["qas"]})
+            sides.append({e.id: e.question for e in examples})
     if sides[0].keys() != sides[1].keys():
         raise DataError(f"{source_path} and {target_path} are not parallel: their question ids differ")
     return list(sides[0].values()), [sides[1][key] for key in sides[0]]
 
 
+def _paragraphs(examples):
+    """The questions of each paragraph, in order (consecutive examples sharing a context and article)."""
+    return [list(group) for _, group in itertools.groupby(examples, key=lambda e: (e.article, e.context))]
+
+
 # ---------------------------------------------------------------------------------------------------
 
-def load_encoder(path):
-    """The Encoder of a pretrain.py checkpoint (the MLM head and pre-training-only layers dropped) or of a
-    Hugging Face RemBERT directory."""
-    from model import Encoder
-    return Encoder.from_hf(path) if Path(path).is_dir() else load_masked_lm(path).encoder
+XQUAD = Path(__file__).resolve().parent.parent / "shared" / "data" / "xquad"
 
 
-def run_mlm_accuracy(args):
-    from data import MLMLoader, Tokenizer
-    from pretrain import setup_runtime
-    device = setup_runtime(args.device).device
-    model = load_masked_lm(args.checkpoint).to(device)
-    loader = MLMLoader(args.data, Tokenizer(args.tokenizer), batch_size=args.batch_size, seq_len=args.seq_len,
-                       max_predictions=args.max_predictions, rank=0, world_size=1, seed=args.seed)
-    result = mlm_accuracy(model, loader, device)
-    print(json.dumps({"checkpoint": args.checkpoint, "data": args.data, **result}))
+@dataclass
+class ScoreConfig:
+    """score a prediction file against a gold file; prints one JSON object (figures in percent)"""
+    task: str = field(default="", metadata={"help": f"one of {', '.join(TASKS)}"})
+    gold: str = field(default="", metadata={"help": "xnli/pawsx: the task's TSV; panx/udpos: token<TAB>label; "
+                                                    "xquad/mlqa/tydiqa: SQuAD-format JSON"})
+    predictions: str = field(default="", metadata={"help": "xnli/pawsx: one label per line; panx/udpos: "
+                                                           "token<TAB>label; QA: JSON {question id: answer text}"})
+    lang: str = field(default="", metadata={"help": f"the language; mlqa needs it ({', '.join(MLQA_LANGUAGES)}: its "
+                                                    "answer normalization), other tasks only echo it"})
+
+    def __post_init__(self):
+        if self.task not in TASKS or not self.gold or not self.predictions:
+            raise ValueError(f"--task ({', '.join(TASKS)}), --gold and --predictions are required")
 
 
-def run_translation_probe(args):
-    from data import Tokenizer
-    from pretrain import setup_runtime
-    device = setup_runtime(args.device).device
-    tokenizer = Tokenizer(args.tokenizer)
-    source, target = read_parallel(args.source, args.target, args.unit)
-    encoder = load_encoder(args.checkpoint).to(device)
-    print(f"{len(source)} parallel {args.unit if args.source.endswith('.json') else 'lines'}: {args.source} -> "
-          f"{args.target}; translation vector fitted on {len(source) // 2}, "
-          f"retrieval among the other {len(source) - len(source) // 2}", file=sys.stderr)
-    accuracies = translation_probe(encoder, [tokenizer.encode(t) for t in source],
-                                   [tokenizer.encode(t) for t in target], tokenizer.cls_id, tokenizer.sep_id,
-                                   tokenizer.pad_id, args.max_len, args.batch_size, args.seed, device)
-    print("layer  accuracy")
-    for layer, value in enumerate(accuracies):
-        print(f"{layer:>5}  {value:8.2f}")
-    print(json.dumps({"checkpoint": args.checkpoint, "source": args.source, "target": args.target,
-                      "pairs": len(source), "accuracy_per_layer": accuracies}))
+@dataclass
+class MLMAccuracyConfig:
+    """masked-LM accuracy on held-out text (Table 8); prints one JSON object"""
+    checkpoint: str = field(default="", metadata={"help": "a pretrain.py checkpoint or a Hugging Face RemBERT dir"})
+    data: str = field(default="", metadata={"help": "held-out text: a file or a directory of *.txt (as pretrain.py)"})
+    tokenizer: str = field(default="", metadata={"help": "the SentencePiece model the checkpoint was trained with"})
+    batches: int = field(default=50, metadata={"help": "batches of the masked-LM stream to score"})
+    seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
+    max_predictions: int = field(default=20, metadata={"help": "masked positions per sequence"})
+    batch_size: int = field(default=32, metadata={"help": "sequences per batch"})
+    seed: int = field(default=0, metadata={"help": "seed of the masking and sampling"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
+
+    def __post_init__(self):
+        if not (self.checkpoint and self.data and self.tokenizer) or self.batches < 1:
+            raise ValueError("--checkpoint, --data and --tokenizer are required, and --batches must be positive")
+
+
+@dataclass
+class ProbeConfig:
+    """per-layer nearest-neighbour translation accuracy (Figure 2's method)"""
+    checkpoint: str = field(default="", metadata={"help": "a pretrain.py checkpoint or a Hugging Face RemBERT dir"})
+    tokenizer: str = field(default="", metadata={"help": "the SentencePiece model the checkpoint was trained with"})
+    source: str = field(default=str(XQUAD / "xquad.en.json"), metadata={
+        "help": "source sentences: SQuAD-format JSON, or a text file line-parallel to --target"})
+    target: str = field(default=str(XQUAD / "xquad.de.json"), metadata={"help": "target sentences, parallel"})
+    unit: str = field(default="questions", metadata={"help": "JSON: pair the questions (by id) or the contexts"})
+    max_len: int = field(default=128, metadata={"help": "tokens per sentence, with [CLS] and [SEP]"})
+    batch_size: int = field(default=32, metadata={"help": "sentences per batch"})
+    seed: int = field(default=0, metadata={"help": "seed of the fit/test split of the pairs"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
+
+    def __post_init__(self):
+        if not (self.checkpoint and self.tokenizer) or self.unit not in ("questions", "contexts"):
+            raise ValueError("--checkpoint and --tokenizer are required; --unit is questions or contexts")
+
+
+def torch_device(name):
+    """auto | cpu | cuda | xla -> a torch.device (auto: a GPU when torch sees one)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "xla":
+        import torch_xla
+        return torch_xla.device()
+    return torch.device(name)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
-    commands = parser.add_subparsers(dest="command", required=True)
-
-    score = commands.add_parser("score", allow_abbrev=False,
-                                help="score a prediction file against a gold file; prints one JSON object")
-    score.add_argument("--task", required=True, choices=TASKS)
-    score.add_argument("--lang", help="language code; required for mlqa (selects MLQA's answer normalization: "
-                                      f"{', '.join(MLQA_LANGUAGES)}), otherwise only echoed in the output")
-    score.add_argument("--gold", required=True, help="xnli/pawsx: the task TSV (s1<TAB>s2<TAB>label); panx/udpos: "
-                                                     "token<TAB>label; xquad/mlqa/tydiqa: SQuAD-format JSON")
-    score.add_argument("--predictions", required=True, help="xnli/pawsx: one label per line; panx/udpos: "
-                                                            "token<TAB>label; QA: JSON {question id: answer text}")
-
-    mlm = commands.add_parser("mlm-accuracy", allow_abbrev=False,
-                              help="masked-LM accuracy on held-out text (Table 8); prints one JSON object")
-    mlm.add_argument("--checkpoint", required=True, help="a pretrain.py checkpoint or a Hugging Face RemBERT dir")
-    mlm.add_argument("--data", required=True, help="held-out text: a file or a directory of *.txt, one sentence "
-                                                   "or document per line (as pretrain.py --data)")
-    mlm.add_argument("--tokenizer", required=True, help="the SentencePiece model the checkpoint was trained with")
-    mlm.add_argument("--seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
-    mlm.add_argument("--max-predictions", type=int, default=20, help="masked positions per sequence (default: 20)")
-    mlm.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: 32)")
-    mlm.add_argument("--seed", type=int, default=0, help="seed of the masking (default: 0)")
-    mlm.add_argument("--device", default="auto", help="auto | cpu | cuda | xla (default: auto)")
-
-    xquad = Path(__file__).resolve().parent.parent / "shared" / "data" / "xquad"
-    probe = commands.add_parser("translation-probe", allow_abbrev=False,
-                                help="per-layer nearest-neighbour translation accuracy (Figure 2's method)")
-    probe.add_argument("--checkpoint", required=True, help="a pretrain.py checkpoint or a Hugging Face RemBERT dir")
-    probe.add_argument("--tokenizer", required=True, help="the SentencePiece model the checkpoint was trained with")
-    probe.add_argument("--source", default=str(xquad / "xquad.en.json"),
-                       help="source sentences: SQuAD-format JSON, or a text file line-parallel to --target "
-                            "(default: XQuAD en in ../shared/data)")
-    probe.add_argument("--target", default=str(xquad / "xquad.de.json"),
-                       help="target sentences, parallel to --source (default: XQuAD de in ../shared/data)")
-    probe.add_argument("--unit", choices=("questions", "contexts"), default="questions",
-                       help="for JSON: pair the questions (by id) or the contexts (default: questions)")
-    probe.add_argument("--max-len", type=int, default=128, help="tokens per sentence, with [CLS] and [SEP] "
-                                                                "(default: 128)")
-    probe.add_argument("--batch-size", type=int, default=32, help="sentences per batch (default: 32)")
-    probe.add_argument("--seed", type=int, default=0, help="seed of the fit/test split of the pairs (default: 0)")
-    probe.add_argument("--device", default="auto", help="auto | cpu | cuda | xla (default: auto)")
-    predict = commands.add_parser("predict", allow_abbrev=False,
-                                  help="predict with a model saved by finetune.py, in the format `score` reads")
-    predict.add_argument("--model", required=True, help="a directory finetune.py saved (e.g. out/finetune/seed-0)")
-    predict.add_argument("--task", required=True, choices=TASKS)
-    predict.add_argument("--input", required=True, help="a file in the task's format (as --gold of `score`)")
-    predict.add_argument("--output", required=True, help="xnli/pawsx: one label per line; panx/udpos: "
-                                                         "token<TAB>label; QA: JSON {question id: answer text}")
-    predict.add_argument("--batch-size", type=int, default=64, help="sequences per batch (default: 64)")
-    predict.add_argument("--device", default="auto", help="auto | cpu | cuda | xla (default: auto)")
-    args = parser.parse_args(argv)
-
-    try:
-        if args.command == "predict":
-            import finetune  # torch and the model: only this command needs them
-            finetune.predict_file(args.model, args.task, args.input, args.output, args.device, args.batch_size)
-        elif args.command == "score":
-            result = score_files(args.task, args.gold, args.predictions, args.lang)
-            print(json.dumps({"task": args.task, "lang": args.lang, **result}))
-        elif args.command == "mlm-accuracy":
-            run_mlm_accuracy(args)
-        else:
-            run_translation_probe(args)
-    except (DataError, OSError) as e:
-        sys.exit(f"evaluate.py: error: {e}")
+    command, cfg = parse_command_line(__doc__, {"score": ScoreConfig, "mlm-accuracy": MLMAccuracyConfig,
+                                                "translation-probe": ProbeConfig}, argv)
+    if command == "score":
+        result = score_files(cfg.task, cfg.gold, cfg.predictions, cfg.lang or None)
+        print(json.dumps({"task": cfg.task, "lang": cfg.lang or None, **result}))
+        return
+    device = torch_device(cfg.device)
+    tokenizer = data.Tokenizer(cfg.tokenizer)
+    if command == "mlm-accuracy":
+        model = load_masked_lm(cfg.checkpoint).to(device)
+        loader = data.MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                                max_predictions=cfg.max_predictions, seed=cfg.seed)
+        result = mlm_accuracy(model, itertools.islice(loader, cfg.batches), device)
+        print(json.dumps({"checkpoint": cfg.checkpoint, "data": cfg.data, **result}))
+        return
+    source, target = read_parallel(cfg.source, cfg.target, cfg.unit)
+    encoder = (Encoder.from_hf(cfg.checkpoint) if Path(cfg.checkpoint).is_dir()
+               else MaskedLM.from_checkpoint(cfg.checkpoint).encoder).to(device)
+    print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
+          f"{cfg.target}; translation vector fitted on {len(source) // 2}, "
+          f"retrieval among the other {len(source) - len(source) // 2}", file=sys.stderr)
+    accuracies = translation_probe(encoder, [tokenizer.encode(t) for t in source],
+                                   [tokenizer.encode(t) for t in target], tokenizer.cls_id, tokenizer.sep_id,
+                                   tokenizer.pad_id, cfg.max_len, cfg.batch_size, cfg.seed, device)
+    print("layer  accuracy")
+    for layer, value in enumerate(accuracies):
+        print(f"{layer:>5}  {value:8.2f}")
+    print(json.dumps({"checkpoint": cfg.checkpoint, "source": cfg.source, "target": cfg.target,
+                      "pairs": len(source), "accuracy_per_layer": accuracies}))
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -15,50 +15,53 @@ The computation and the weight names follow Hugging Face's `modeling_rembert.py`
 RemBERT checkpoint loads with `MaskedLM.from_hf` and matches it numerically. Unlike that
 implementation, the masked-LM head gathers the masked positions before it projects to E_out and the
 vocabulary (google-research/bert's `gather_indexes`): with 15% of positions masked it skips about
-85% of the output layer, the largest matrix of the model. The last Transformer layer is computed
-at those positions too (`run_layers`), and for sentence classification at [CLS] alone: its other
-outputs feed nothing.
+85% of the output layer, the largest matrix of the model.
 
-This file imports only torch and the standard library, so it can be copied alone.
+This file imports only torch and the standard library (`safetensors` inside the two functions that
+read and write transformers' files), so it can be copied alone.
 """
 
 import json
 import os
-import struct
-import sys
+import pickle
 import warnings
-from dataclasses import dataclass, fields
+import zipfile
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 
+class DataError(ValueError):
+    """Bad input: a data file, a checkpoint or a Hugging Face directory. The message names it."""
+
+
 @dataclass
 class ModelConfig:
-    vocab_size: int = 250300
-    hidden_size: int = 1152  # H
-    num_layers: int = 32  # the layers kept for fine-tuning
-    num_heads: int = 18
-    intermediate_size: int = 4608
-    input_embedding_size: int = 256  # E_in
-    output_embedding_size: int = 1664  # E_out
-    tie_embeddings: bool = False  # coupled input/output embedding: needs E_in == E_out
-    pretraining_only_layers: int = 0  # extra layers on top, dropped for fine-tuning
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    layer_norm_eps: float = 1e-12
-    dropout: float = 0.1  # hidden and attention dropout
+    vocab_size: int = field(default=250300, metadata={"help": "word pieces; at least the tokenizer's"})
+    hidden_size: int = field(default=1152, metadata={"help": "H, the Transformer width"})
+    num_layers: int = field(default=32, metadata={"help": "Transformer layers kept for fine-tuning"})
+    num_heads: int = field(default=18, metadata={"help": "attention heads"})
+    intermediate_size: int = field(default=4608, metadata={"help": "feed-forward width"})
+    input_embedding_size: int = field(default=256, metadata={"help": "E_in, the input embedding width (§4)"})
+    output_embedding_size: int = field(default=1664, metadata={"help": "E_out, the MLM head's width (§5)"})
+    tie_embeddings: bool = field(default=False, metadata={
+        "help": "one matrix for the input and output embeddings (the coupled baseline; needs E_in == E_out)"})
+    pretraining_only_layers: int = field(default=0, metadata={
+        "help": "layers on top of the encoder, dropped for fine-tuning (Table 5)"})
+    max_position_embeddings: int = field(default=512, metadata={"help": "longest sequence"})
+    type_vocab_size: int = field(default=2, metadata={"help": "segment types"})
+    layer_norm_eps: float = field(default=1e-12, metadata={"help": "LayerNorm epsilon"})
+    dropout: float = field(default=0.1, metadata={"help": "hidden and attention dropout"})
 
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type is int and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValueError(f"ModelConfig.{f.name} must be an int, got {value!r}")
-        positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "input_embedding_size", "output_embedding_size", "max_position_embeddings",
-                    "type_vocab_size")
-        for name in positive:
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                     "input_embedding_size", "output_embedding_size", "max_position_embeddings", "type_vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
         if self.pretraining_only_layers < 0:
@@ -77,52 +80,23 @@ class ModelConfig:
 # ----------------------------------------------------------------------------------------------
 # Transformer layer (post-LayerNorm, as BERT and RemBERT)
 
-class Dropout(nn.Dropout):
-    """nn.Dropout, with a cheaper mask on CPU, where drawing it is the largest cost after the
-    matmuls (F.dropout's bernoulli_ costs ~12% of a small training step; benchmark.py). One int32
-    draw makes two 16-bit uniforms: random_() draws int32s in [0, 2^31), so (little-endian) the low
-    half is uniform on [-2^15, 2^15) and the high half on [0, 2^15), each with its own threshold.
-    Drops with probability p to within 2^-15. Elsewhere F.dropout is fused and used as is."""
-
-    def forward(self, x):
-        if not self.training or self.p == 0.0 or x.device.type != "cpu" or x.numel() % 2:
-            return super().forward(x)
-        halves = torch.empty(x.numel() // 2, dtype=torch.int32).random_().view(torch.int16).view(-1, 2)
-        thresholds = torch.tensor([round(self.p * 2**16) - 2**15, round(self.p * 2**15)], dtype=torch.int16)
-        keep = (halves >= thresholds).view(x.shape)
-        return x * (keep * (1.0 / (1.0 - self.p)))
-
-
 class SelfAttention(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.num_heads = config.num_heads
-        self.dropout = Dropout(config.dropout)  # of the attention probabilities
-        # One matmul for queries, keys and values; from_hf/save_hf split it into HF's three.
-        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.dropout = config.dropout  # of the attention probabilities
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.out = nn.Linear(config.hidden_size, config.hidden_size)
 
-    def forward(self, x, mask, queries=None):
-        """Self-attention over x (B, T, H); with `queries` (B, P, H), hidden states gathered from x,
-        the output (B, P, H) at those positions only: they attend to all of x."""
+    def forward(self, x, mask):
         B, T, H = x.shape
-        heads, head_dim = self.num_heads, H // self.num_heads
-        if queries is None:
-            q, k, v = self.qkv(x).view(B, T, 3, heads, head_dim).permute(2, 0, 3, 1, 4)
-        else:
-            weight, bias = self.qkv.weight, self.qkv.bias
-            q = F.linear(queries, weight[:H], bias[:H]).view(B, -1, heads, head_dim).transpose(1, 2)
-            k, v = F.linear(x, weight[H:], bias[H:]).view(B, T, 2, heads, head_dim).permute(2, 0, 3, 1, 4)
-        # q: (B, heads, P, head_dim); k, v: (B, heads, T, head_dim)
-        if self.training and self.dropout.p > 0 and x.device.type == "cpu":
-            # On CPU, SDPA drops attention probabilities only in its unfused path and with the slow
-            # bernoulli_ draw; spelled out with `Dropout`, a training step is ~8% faster.
-            scores = q @ k.transpose(-1, -2) * head_dim ** -0.5  # (B, heads, P, T)
-            y = self.dropout((scores if mask is None else scores + mask).softmax(-1)) @ v
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
-                                               dropout_p=self.dropout.p if self.training else 0.0)
-        return self.out(y.transpose(1, 2).reshape(B, -1, H))
+        q, k, v = (f(x).view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)  # (B, heads, T, head_dim)
+                   for f in (self.query, self.key, self.value))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.out(y.transpose(1, 2).reshape(B, T, H))
 
 
 class Layer(nn.Module):
@@ -133,30 +107,11 @@ class Layer(nn.Module):
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         self.output_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
-    def forward(self, x, mask, queries=None):
-        """x (B, T, H) -> (B, T, H); or, given `queries` (B, P, H) gathered from x, (B, P, H) at those
-        positions: attention reads all of x, the rest of the layer runs at P positions only."""
-        h = x if queries is None else queries
-        h = self.attention_norm(h + self.dropout(self.attention(x, mask, queries)))
-        return self.output_norm(h + self.dropout(self.output(F.gelu(self.intermediate(h)))))
-
-
-def run_layers(layers, x, mask, positions=None):
-    """Apply `layers` in turn. With `positions` (B, P), return (B, P, H) at those positions only, and
-    compute the last layer there alone: nothing reads its other outputs. A masked-LM step needs
-    its 15% masked positions, a sentence classifier only [CLS]: the last layer shrinks by that much
-    (as the flash-attention BERT's `subset_mask`; google-research/bert gathers after the encoder)."""
-    *first, last = layers
-    for layer in first:
-        x = layer(x, mask)
-    return last(x, mask, None if positions is None else gather(x, positions))
-
-
-def gather(x, positions):
-    """x (B, T, H) at positions (B, P) -> (B, P, H)."""
-    return torch.gather(x, 1, positions[:, :, None].expand(-1, -1, x.shape[-1]))
+    def forward(self, x, mask):
+        x = self.attention_norm(x + self.dropout(self.attention(x, mask)))
+        return self.output_norm(x + self.dropout(self.output(F.gelu(self.intermediate(x)))))
 
 
 def attention_bias(attention_mask):
@@ -178,7 +133,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, E)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, E)
         self.norm = nn.LayerNorm(E, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids, token_type_ids):
         T = input_ids.shape[1]
@@ -205,18 +160,13 @@ class Encoder(nn.Module):
         self.pooler = nn.Linear(config.hidden_size, config.hidden_size)
         self.apply(init_weights)
 
-    def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=False,
-                positions=None):
-        """Hidden states (B, T, H), or (B, P, H) at `positions` (B, P) only (see `run_layers`). With
-        `output_hidden_states`, also every layer's input and the last output, each (B, T, H)."""
+    def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=False):
+        """Hidden states (B, T, H); with `output_hidden_states`, also the list of every layer's input
+        and the last layer's output, each (B, T, H)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = attention_bias(attention_mask)
         x = self.embedding_projection(self.embeddings(input_ids, token_type_ids))  # (B, T, H)
-        if not output_hidden_states:
-            return run_layers(self.layers, x, mask, positions)
-        if positions is not None:
-            raise ValueError("output_hidden_states needs every position: pass positions=None")
         hidden_states = [x]
         for layer in self.layers:
             x = layer(x, mask)
@@ -231,7 +181,8 @@ class Encoder(nn.Module):
         """The encoder of a Hugging Face RemBERT directory (see `MaskedLM.from_hf`)."""
         config, state = _read_hf(path)
         encoder = cls(config)
-        _load_mapped(encoder, state, _hf_encoder_names(config, "rembert."), path)
+        if not _load_hf_encoder(encoder, state, path):
+            warnings.warn(f"{path} has no pooler: it keeps its fresh initialisation")
         return encoder
 
 
@@ -268,12 +219,13 @@ class MaskedLM(nn.Module):
         """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None.
         The loss, when `masked_ids` (B, P) are given, is the `masked_weights`-weighted mean
         cross-entropy over the predictions (weight 0 marks padding)."""
-        if self.pretraining_layers:
-            x = self.encoder(input_ids, token_type_ids, attention_mask)
-            x = run_layers(self.pretraining_layers, x, attention_bias(attention_mask), masked_positions)
-        else:
-            x = self.encoder(input_ids, token_type_ids, attention_mask, positions=masked_positions)
-        logits = self.head(x)  # like the last layer, only at the masked positions when given
+        x = self.encoder(input_ids, token_type_ids, attention_mask)
+        mask = attention_bias(attention_mask)
+        for layer in self.pretraining_layers:
+            x = layer(x, mask)
+        if masked_positions is not None:  # google-research/bert's gather_indexes: (B, T, H) -> (B, P, H)
+            x = torch.gather(x, 1, masked_positions[:, :, None].expand(-1, -1, x.shape[-1]))
+        logits = self.head(x)
         if masked_ids is None:
             return logits, None
         if masked_weights is None:
@@ -283,20 +235,31 @@ class MaskedLM(nn.Module):
         return logits, (loss * weights).sum() / weights.sum().clamp(min=1.0)
 
     @classmethod
+    def from_checkpoint(cls, path):
+        """The model of a pretrain.py checkpoint, its every byte checked first (`load_checkpoint`)."""
+        checkpoint = load_checkpoint(path)
+        if not isinstance(checkpoint, dict) or not {"model", "config"} <= checkpoint.keys():
+            raise DataError(f'{path}: not a pretrain.py checkpoint (it needs the keys "model" and "config")')
+        try:
+            model = cls(ModelConfig(**checkpoint["config"]))
+            model.load_state_dict(checkpoint["model"])
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise DataError(f"{path}: the weights do not fit the saved config: {e}") from None
+        return model
+
+    @classmethod
     def from_hf(cls, path):
         """Load a RemBERT checkpoint in the Hugging Face layout: a directory with config.json and
         model.safetensors or pytorch_model.bin, as `save_pretrained` writes it (e.g. google/rembert).
         The released checkpoint has no MLM head; then the head keeps its fresh initialisation."""
         config, state = _read_hf(path)
         model = cls(config)
-        names = {f"encoder.{ours}": hf for ours, hf in _hf_encoder_names(config, "rembert.").items()}
-        head = {f"head.{ours}.{p}": f"cls.predictions.{hf}.{p}"
-                for ours, hf in _HF_HEAD_NAMES.items() for p in ("weight", "bias")}
+        _load_hf_encoder(model.encoder, state, path)
+        head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
         if all(hf in state for hf in head.values()):
-            names.update(head)
+            _copy_tensors(model.head, state, head, path)
         else:
             warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
-        _load_mapped(model, state, names, path, ignore=set(head))
         return model
 
 
@@ -309,13 +272,12 @@ class SequenceClassifier(nn.Module):
     def __init__(self, encoder, num_labels, dropout=0.1):
         super().__init__()
         self.encoder = encoder
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
         init_weights(self.classifier)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
-        cls = torch.zeros_like(input_ids[:, :1])  # (B, 1): the last layer runs at [CLS] only
-        pooled = self.encoder.pool(self.encoder(input_ids, token_type_ids, attention_mask, positions=cls))
+        pooled = self.encoder.pool(self.encoder(input_ids, token_type_ids, attention_mask))
         logits = self.classifier(self.dropout(pooled))  # (B, C)
         return logits, None if labels is None else F.cross_entropy(logits.float(), labels)
 
@@ -326,7 +288,7 @@ class TokenClassifier(nn.Module):
     def __init__(self, encoder, num_labels, dropout=0.1):
         super().__init__()
         self.encoder = encoder
-        self.dropout = Dropout(dropout)
+        self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
         init_weights(self.classifier)
 
@@ -357,7 +319,7 @@ class SpanExtractor(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Initialisation and the paper's parameter accounting
+# Initialisation, the paper's parameter accounting, checkpoints
 
 def init_weights(module):
     """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
@@ -382,201 +344,142 @@ def count_parameters(model):
     return {"pretraining": unique(model), "finetuning": unique(encoder)}
 
 
+def load_checkpoint(path):
+    """torch.load of a file torch.save wrote, after checking the CRC-32 of every record in it:
+    torch.load itself reads without checking, so a damaged file would load with wrong weights."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, EOFError) as e:
+        raise DataError(f"{path}: damaged or not a checkpoint ({e})") from None
+    if damaged:
+        raise DataError(f"{path}: damaged: its record {damaged} fails its CRC check")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError) as e:
+        raise DataError(f"{path}: not a checkpoint that loads safely ({e})") from None
+
+
 # ----------------------------------------------------------------------------------------------
-# The Hugging Face layout (transformers' RemBERT), both ways
+# The Hugging Face layout (transformers' RemBERT), both ways. Our names -> theirs, per module:
 
-# The safetensors format, read and written here so that this file needs no package beyond torch: an
-# unsigned 64-bit little-endian header length, a JSON header {name: {"dtype", "shape",
-# "data_offsets": [begin, end)}} (offsets into the data after it), then the tensors' bytes.
-_SAFETENSORS_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-                       "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8,
-                       "U8": torch.uint8, "BOOL": torch.bool}
-
-
-def load_safetensors(path):
-    """{name: tensor} of a .safetensors file (the tensors share one buffer of the file's data)."""
-    if sys.byteorder != "little":
-        raise RuntimeError("safetensors stores little-endian data; this machine is big-endian")
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        try:
-            if len(raw) != 8:
-                raise ValueError("shorter than its 8-byte header length")
-            header = json.loads(f.read(struct.unpack("<Q", raw)[0]))
-        except (ValueError, UnicodeDecodeError) as e:
-            raise ValueError(f"{path}: not a safetensors file ({e})") from None
-        data = bytearray(f.read())
-    if not isinstance(header, dict):
-        raise ValueError(f"{path}: not a safetensors file (its header is not a JSON object)")
-    header.pop("__metadata__", None)
-    state = {}
-    for name, info in header.items():
-        try:
-            dtype = _SAFETENSORS_DTYPES[info["dtype"]]
-            (begin, end), shape = info["data_offsets"], torch.Size(info["shape"])
-        except (KeyError, TypeError, ValueError):
-            raise ValueError(f"{path}: tensor {name!r} has a bad header entry {info!r}") from None
-        if end - begin != dtype.itemsize * shape.numel() or not 0 <= begin <= end <= len(data):
-            raise ValueError(f"{path}: tensor {name!r}: data_offsets {[begin, end]} do not hold a {list(shape)} "
-                             f"{info['dtype']} tensor within the file's {len(data)} data bytes")
-        state[name] = (torch.frombuffer(data, dtype=dtype, offset=begin, count=shape.numel()).view(shape)
-                       if end > begin else torch.empty(shape, dtype=dtype))
-    return state
+_HF_ENCODER = {"embeddings.word_embeddings": "embeddings.word_embeddings",
+               "embeddings.position_embeddings": "embeddings.position_embeddings",
+               "embeddings.token_type_embeddings": "embeddings.token_type_embeddings",
+               "embeddings.norm": "embeddings.LayerNorm",
+               "embedding_projection": "encoder.embedding_hidden_mapping_in",
+               "pooler": "pooler.dense"}
+_HF_LAYER = {"attention.query": "attention.self.query", "attention.key": "attention.self.key",
+             "attention.value": "attention.self.value", "attention.out": "attention.output.dense",
+             "attention_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
+             "output": "output.dense", "output_norm": "output.LayerNorm"}
+_HF_HEAD = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
+_HF_PROJECTION = "encoder.embedding_hidden_mapping_in."
 
 
-def save_safetensors(tensors, path, metadata=None):
-    """Write {name: tensor} as a .safetensors file, which the safetensors package and transformers read."""
-    names = {dtype: name for name, dtype in _SAFETENSORS_DTYPES.items()}
-    tensors = {name: t.detach().cpu() for name, t in tensors.items()}
-    header, offset = {}, 0
-    for name, t in tensors.items():
-        if t.dtype not in names:
-            raise ValueError(f"safetensors has no dtype for {name} ({t.dtype})")
-        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + t.nbytes]}
-        offset += t.nbytes
-    if metadata:
-        header["__metadata__"] = metadata
-    blob = json.dumps(header, separators=(",", ":")).encode()
-    blob += b" " * (-len(blob) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(blob)) + blob)
-        for t in tensors.values():
-            # A contiguous clone owns exactly the tensor's bytes, even for a slice of a larger one (split qkv).
-            own = t.clone(memory_format=torch.contiguous_format)
-            f.write(bytes(own.view(-1).view(torch.uint8).untyped_storage()))
-
-
-_HF_LAYER_NAMES = {  # ours -> HF, inside encoder.layer.{i}; qkv is split into three
-    "attention.out": "attention.output.dense",
-    "attention_norm": "attention.output.LayerNorm",
-    "intermediate": "intermediate.dense",
-    "output": "output.dense",
-    "output_norm": "output.LayerNorm",
-}
-_HF_HEAD_NAMES = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
-_HF_TASK_HEADS = {  # our head class -> (HF class, our output layer, HF output layer)
-    "SequenceClassifier": ("RemBertForSequenceClassification", "classifier", "classifier"),
-    "TokenClassifier": ("RemBertForTokenClassification", "classifier", "classifier"),
-    "SpanExtractor": ("RemBertForQuestionAnswering", "qa_outputs", "qa_outputs"),
-}
-
-
-def _hf_encoder_names(config, prefix):
-    """{our name: HF name, or a tuple of HF names concatenated along dim 0} for an Encoder."""
-    names = {
-        "embeddings.word_embeddings.weight": "embeddings.word_embeddings.weight",
-        "embeddings.position_embeddings.weight": "embeddings.position_embeddings.weight",
-        "embeddings.token_type_embeddings.weight": "embeddings.token_type_embeddings.weight",
-        "embeddings.norm.weight": "embeddings.LayerNorm.weight",
-        "embeddings.norm.bias": "embeddings.LayerNorm.bias",
-        "pooler.weight": "pooler.dense.weight",
-        "pooler.bias": "pooler.dense.bias",
-        "embedding_projection.weight": "encoder.embedding_hidden_mapping_in.weight",
-        "embedding_projection.bias": "encoder.embedding_hidden_mapping_in.bias",
-    }
-    for i in range(config.num_layers):
-        hf = f"encoder.layer.{i}."
-        for p in ("weight", "bias"):
-            names[f"layers.{i}.attention.qkv.{p}"] = tuple(
-                f"{hf}attention.self.{n}.{p}" for n in ("query", "key", "value"))
-            for ours, theirs in _HF_LAYER_NAMES.items():
-                names[f"layers.{i}.{ours}.{p}"] = f"{hf}{theirs}.{p}"
-    return {ours: (tuple(prefix + n for n in hf) if isinstance(hf, tuple) else prefix + hf)
-            for ours, hf in names.items()}
+def hf_name(name, table=_HF_ENCODER):
+    """transformers' name of one of our parameters ("layers.3.attention.query.weight" ->
+    "encoder.layer.3.attention.self.query.weight"), without the "rembert." of the task models."""
+    module, parameter = name.rsplit(".", 1)
+    if module.startswith("layers."):
+        _, i, rest = module.split(".", 2)
+        return f"encoder.layer.{i}.{_HF_LAYER[rest]}.{parameter}"
+    return f"{table[module]}.{parameter}"
 
 
 def _read_hf(path):
-    with open(os.path.join(path, "config.json")) as f:
-        hf = json.load(f)
-    activation = hf.get("hidden_act", "gelu")
-    if activation != "gelu":
-        raise ValueError(f"{path}/config.json: hidden_act {activation!r} is not supported (only 'gelu')")
+    """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            hf = json.load(f)
+        config = ModelConfig(
+            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
+            num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
+            input_embedding_size=hf["input_embedding_size"], output_embedding_size=hf["output_embedding_size"],
+            max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=hf["type_vocab_size"],
+            layer_norm_eps=hf["layer_norm_eps"], dropout=hf.get("hidden_dropout_prob", 0.0))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
+    if hf.get("hidden_act", "gelu") != "gelu":
+        raise DataError(f"{path}/config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'gelu')")
     if hf.get("tie_word_embeddings", False):
-        raise ValueError(f"{path}/config.json: tie_word_embeddings=true is not RemBERT's layout")
+        raise DataError(f"{path}/config.json: tie_word_embeddings=true is not RemBERT's layout")
     if hf.get("hidden_dropout_prob", 0.0) != hf.get("attention_probs_dropout_prob", 0.0):
         warnings.warn(f"{path}/config.json: hidden and attention dropout differ; using hidden_dropout_prob")
-    config = ModelConfig(
-        vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-        num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-        input_embedding_size=hf["input_embedding_size"], output_embedding_size=hf["output_embedding_size"],
-        tie_embeddings=False, pretraining_only_layers=0,
-        max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=hf["type_vocab_size"],
-        layer_norm_eps=hf["layer_norm_eps"], dropout=hf.get("hidden_dropout_prob", 0.0))
-    if config.input_embedding_size == config.hidden_size:
-        # transformers always builds `embedding_hidden_mapping_in`; here E_in == H means no projection.
-        raise ValueError(f"{path}/config.json: input_embedding_size == hidden_size "
-                         f"({config.hidden_size}); only factorized checkpoints (E_in != H) are supported")
     if os.path.exists(os.path.join(path, "model.safetensors")):
-        state = load_safetensors(os.path.join(path, "model.safetensors"))
+        from safetensors import SafetensorError
+        from safetensors.torch import load_file
+        try:
+            state = load_file(os.path.join(path, "model.safetensors"))
+        except SafetensorError as e:
+            raise DataError(f"{path}/model.safetensors: not a readable safetensors file ({e})") from None
     elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
-        state = torch.load(os.path.join(path, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+        state = load_checkpoint(os.path.join(path, "pytorch_model.bin"))
     else:
-        raise FileNotFoundError(f"{path}: neither model.safetensors nor pytorch_model.bin")
-    # RemBertModel saves without the "rembert." prefix that the task and MLM models use.
-    if not any(k.startswith("rembert.") for k in state):
-        state = {"rembert." + k: v for k, v in state.items()}
-    return config, state
+        raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
+    return config, {k.removeprefix("rembert."): v for k, v in state.items()}
 
 
-def _load_mapped(model, state, names, path, ignore=()):
-    """Copy HF tensors into `model` by name, checking every name and shape; the pooler alone may be
-    absent (RemBertForMaskedLM saves none), and then keeps its initialisation."""
-    own = model.state_dict()
-    missing = [n for n in own if n not in names and n not in ignore]
-    if missing:
-        raise KeyError(f"no Hugging Face name for {missing[:5]}")
-    loaded = set()
+def _copy_tensors(module, state, names, path):
+    """Copy state[names[ours]] into each of `module`'s tensors, checking every name and shape."""
+    own = module.state_dict()
     with torch.no_grad():
         for ours, theirs in names.items():
-            parts = theirs if isinstance(theirs, tuple) else (theirs,)
-            if not all(p in state for p in parts):
-                if ours.startswith(("pooler.", "encoder.pooler.")):
-                    continue
-                raise KeyError(f"{path}: checkpoint lacks {[p for p in parts if p not in state]}")
-            tensor = torch.cat([state[p] for p in parts]) if len(parts) > 1 else state[parts[0]]
-            if tensor.shape != own[ours].shape:
-                raise ValueError(f"{path}: {parts[0]} has shape {tuple(tensor.shape)}, "
-                                 f"{ours} expects {tuple(own[ours].shape)}")
-            own[ours].copy_(tensor)
-            loaded.update(parts)
-    unused = [k for k in state if k not in loaded and not k.endswith("position_ids")]
-    if unused:
-        warnings.warn(f"{path}: {len(unused)} tensors not used, e.g. {unused[:3]}")
+            if theirs not in state:
+                raise DataError(f"{path}: the checkpoint has no {theirs}")
+            if state[theirs].shape != own[ours].shape:
+                raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
+                                f"{ours} needs {tuple(own[ours].shape)}")
+            own[ours].copy_(state[theirs])
+
+
+def _load_hf_encoder(encoder, state, path):
+    """Copy the encoder's tensors; the pooler (RemBertForMaskedLM saves none) may be absent: returns whether."""
+    names = {name: hf_name(name) for name in encoder.state_dict()}
+    pooler = "pooler.dense.weight" in state
+    if not pooler:  # as transformers does: the pooler keeps its initialisation
+        names = {ours: theirs for ours, theirs in names.items() if not ours.startswith("pooler.")}
+    if encoder.config.input_embedding_size == encoder.config.hidden_size:
+        # transformers always projects E_in to H; with E_in == H this model does not, which is the
+        # same computation only when the stored projection is the identity (as save_hf writes it).
+        weight, bias = state.get(_HF_PROJECTION + "weight"), state.get(_HF_PROJECTION + "bias")
+        identity = (weight is not None and bias is not None and not bias.any()
+                    and torch.equal(weight, torch.eye(len(weight), dtype=weight.dtype)))
+        if not identity:
+            raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
+                            f"the identity; this implementation has no projection when E_in == H")
+    _copy_tensors(encoder, state, names, path)
+    return pooler
 
 
 def save_hf(model, path):
     """Write `model` as transformers' RemBERT (config.json + model.safetensors): a MaskedLM as
     RemBertForMaskedLM (its pre-training-only layers have no place there and are refused), an
     Encoder as RemBertModel, a task head as the matching RemBertFor... class."""
-    kind = type(model).__name__
+    from safetensors.torch import save_file
+    extra = {}
     if isinstance(model, MaskedLM):
         if model.config.pretraining_only_layers:
             raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; "
                              "export model.encoder instead")
         architecture, encoder, prefix = "RemBertForMaskedLM", model.encoder, "rembert."
-        extra = {f"cls.predictions.{hf}.{p}": getattr(getattr(model.head, ours), p)
-                 for ours, hf in _HF_HEAD_NAMES.items() for p in ("weight", "bias")}
+        extra = {"cls.predictions." + hf_name(name, _HF_HEAD): t for name, t in model.head.state_dict().items()}
     elif isinstance(model, Encoder):
-        architecture, encoder, prefix, extra = "RemBertModel", model, "", {}
-    elif kind in _HF_TASK_HEADS:
-        architecture, ours, theirs = _HF_TASK_HEADS[kind]
+        architecture, encoder, prefix = "RemBertModel", model, ""
+    elif isinstance(model, (SequenceClassifier, TokenClassifier, SpanExtractor)):
+        architecture = {SequenceClassifier: "RemBertForSequenceClassification",
+                        TokenClassifier: "RemBertForTokenClassification",
+                        SpanExtractor: "RemBertForQuestionAnswering"}[type(model)]
         encoder, prefix = model.encoder, "rembert."
-        layer = getattr(model, ours)
-        extra = {f"{theirs}.weight": layer.weight, f"{theirs}.bias": layer.bias}
+        head = "qa_outputs" if isinstance(model, SpanExtractor) else "classifier"
+        extra = {f"{head}.{name}": t for name, t in getattr(model, head).state_dict().items()}
     else:
-        raise TypeError(f"save_hf cannot export a {kind}")
+        raise TypeError(f"save_hf cannot export a {type(model).__name__}")
     config = encoder.config
-    if config.input_embedding_size == config.hidden_size:
-        raise ValueError("transformers' RemBERT always projects E_in to H; a model with "
-                         "input_embedding_size == hidden_size has no projection to export")
-    state = {}
-    own = encoder.state_dict()
-    for ours, theirs in _hf_encoder_names(config, prefix).items():
-        if isinstance(theirs, tuple):
-            for name, chunk in zip(theirs, own[ours].chunk(3)):
-                state[name] = chunk
-        else:
-            state[theirs] = own[ours]
+    state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()}
+    if config.input_embedding_size == config.hidden_size:  # transformers always projects: the identity
+        state[prefix + _HF_PROJECTION + "weight"] = torch.eye(config.hidden_size)
+        state[prefix + _HF_PROJECTION + "bias"] = torch.zeros(config.hidden_size)
     state.update(extra)
     hf_config = {
         "architectures": [architecture], "model_type": "rembert",
@@ -589,9 +492,11 @@ def save_hf(model, path):
         "layer_norm_eps": config.layer_norm_eps, "initializer_range": 0.02, "pad_token_id": 0,
         "tie_word_embeddings": False,
     }
-    if kind in ("SequenceClassifier", "TokenClassifier"):
+    if isinstance(model, (SequenceClassifier, TokenClassifier)):
         hf_config["num_labels"] = model.classifier.out_features
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
-    save_safetensors(state, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    # Clones: a tied output embedding is its own tensor in the file (safetensors refuses shared memory).
+    save_file({name: t.detach().cpu().clone() for name, t in state.items()},
+              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

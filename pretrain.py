@@ -5,34 +5,32 @@ clipping at norm 1, linear warm-up then linear decay), on CPU, CUDA GPUs or TPUs
 `python pretrain.py` with no arguments is a complete small run: it trains a SentencePiece tokenizer
 on the bundled multilingual sample corpus (sample_data/) if there is none yet, then pre-trains the
 `tiny` config on it for 800 steps (about 2 minutes on 2 CPU cores), logging loss, masked-LM
-accuracy, learning rate, tokens/s and time left, and writes checkpoints to out/pretrain/. The loss
-first falls to the corpus's unigram entropy (about 7.2 nats: token frequencies), then below it as
-the model learns to use the context.
+accuracy, learning rate, tokens/s and time left, and writes checkpoints to out/pretrain/.
 
 Any config of configs.py by name, any ModelConfig field and any training option (TrainConfig below)
-as --key=value; `python pretrain.py --help` lists them all. Commands:
+as a flag; `python pretrain.py --help` lists them all. Commands:
 
   CPU:        python pretrain.py
-  one GPU:    python pretrain.py --config=rembert --device=cuda --data=corpus/ --tokenizer=spm.model \
-                  --seq_len=512 --max_predictions=80 --batch_size=16 --grad_accum=128
-  8 GPUs:     torchrun --standalone --nproc_per_node=8 pretrain.py --config=rembert --device=cuda \
-                  --data=corpus/ --tokenizer=spm.model --seq_len=512 --max_predictions=80 \
-                  --batch_size=16 --grad_accum=16
-  TPU VM:     PJRT_DEVICE=TPU python pretrain.py --config=rembert --device=xla --data=corpus/ \
-                  --tokenizer=spm.model --seq_len=512 --max_predictions=80 --batch_size=16 --grad_accum=32
+  one GPU:    python pretrain.py --config rembert --device cuda --data corpus/ --tokenizer spm.model \
+                  --seq-len 512 --max-predictions 80 --batch-size 16 --grad-accum 128 --num-workers 4
+  8 GPUs:     torchrun --standalone --nproc_per_node=8 pretrain.py --config rembert --device cuda \
+                  --data corpus/ --tokenizer spm.model --seq-len 512 --max-predictions 80 \
+                  --batch-size 16 --grad-accum 16 --num-workers 4
+  TPU VM:     PJRT_DEVICE=TPU python pretrain.py --config rembert --device xla --data corpus/ \
+                  --tokenizer spm.model --seq-len 512 --max-predictions 80 --batch-size 16 --grad-accum 32
                   (torch_xla.launch starts one process per chip: 4 on a v4-8)
-  continue:   the same command with --resume (from the newest checkpoint in --out_dir)
+  continue:   the same command with --resume (from the newest intact checkpoint in --out-dir)
 
 The global batch is batch_size x grad_accum x processes sequences (2048 in each command above);
 add --lr, --warmup and --steps for the run you reproduce (the defaults suit the tiny CPU run).
 Multi-process data parallelism shards the corpus by global rank. A NaN/inf loss stops the run; it
-is checked at each log line and before each checkpoint, so no checkpoint holds a bad step.
+is checked at each log line, and the weights themselves before each checkpoint, so no checkpoint
+holds a bad step.
 """
 
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import glob
 import itertools
 import math
@@ -40,21 +38,22 @@ import os
 import pickle
 import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configs import CONFIGS
-from data import MLMLoader, Tokenizer, train_tokenizer
-from model import MaskedLM, ModelConfig, count_parameters
+from configs import CONFIGS, add_flags, build, parse_flags, run_script
+from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
+from model import DataError, MaskedLM, ModelConfig, count_parameters, load_checkpoint
 
 
 @dataclass
 class TrainConfig:
+    config: str = field(default="tiny", metadata={"help": f"model from configs.py: {', '.join(CONFIGS)}"})
     data: str = field(default="sample_data", metadata={"help": "a text file or a directory of *.txt files, "
-                                                               "one sentence or document per line"})
+                                                               "one sentence per line, a blank line between documents"})
     tokenizer: str = field(default="out/tokenizer/spm.model", metadata={
         "help": "SentencePiece model; trained on --data with the config's vocab_size if missing"})
     out_dir: str = field(default="out/pretrain", metadata={"help": "where checkpoints go"})
@@ -63,6 +62,7 @@ class TrainConfig:
     max_predictions: int = field(default=20, metadata={"help": "masked positions per sequence (15%% of seq_len)"})
     batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch per process"})
     grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    num_workers: int = field(default=0, metadata={"help": "DataLoader processes making batches (0: in this one)"})
     steps: int = field(default=800, metadata={"help": "optimizer steps in total"})
     warmup: int = field(default=80, metadata={"help": "linear warm-up steps"})
     lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
@@ -74,84 +74,38 @@ class TrainConfig:
     seed: int = field(default=0, metadata={"help": "seed for initialisation, masking and dropout"})
     compile: bool = field(default=False, metadata={
         "help": "torch.compile the model (CPU or CUDA): fused elementwise kernels, after compiling (20-40 s for tiny)"})
-    resume: bool = field(default=False, metadata={"help": "continue from the newest checkpoint in --out_dir"})
+    resume: bool = field(default=False, metadata={"help": "continue from the newest intact checkpoint in --out-dir"})
 
-
-# ----------------------------------------------------------------------------------------------
-# Command line: --config NAME, then --field=value for any ModelConfig or TrainConfig field
-
-MODEL_HELP = {
-    "vocab_size": "word pieces; at least the tokenizer's",
-    "hidden_size": "H, the Transformer width",
-    "num_layers": "Transformer layers kept for fine-tuning",
-    "num_heads": "attention heads",
-    "intermediate_size": "feed-forward width",
-    "input_embedding_size": "E_in, the input embedding width (Section 4)",
-    "output_embedding_size": "E_out, the output embedding width of the MLM head (Section 5)",
-    "tie_embeddings": "one matrix for input and output embeddings (the coupled baseline; E_in == E_out)",
-    "pretraining_only_layers": "extra layers on top, dropped for fine-tuning (Table 5)",
-    "max_position_embeddings": "longest sequence",
-    "type_vocab_size": "segment types",
-    "layer_norm_eps": "LayerNorm epsilon",
-    "dropout": "hidden and attention dropout",
-}
-
-
-def _parse_bool(text):
-    if text.lower() in ("true", "1", "yes"):
-        return True
-    if text.lower() in ("false", "0", "no"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _add_field(group, f, default, help):
-    parse = _parse_bool if f.type is bool else f.type
-    extra = {"nargs": "?", "const": True} if f.type is bool else {}  # --resume alone means true
-    names = dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"])  # --seq_len or --seq-len
-    group.add_argument(*names, type=parse, default=default, help=help, metavar=f.type.__name__.upper(), **extra)
+    def __post_init__(self):
+        if self.config not in CONFIGS:
+            raise ValueError(f"--config must be one of {', '.join(CONFIGS)}, got {self.config!r}")
+        for name in ("seq_len", "max_predictions", "batch_size", "grad_accum", "steps", "log_every",
+                     "checkpoint_every", "keep"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive")
+        if self.num_workers < 0 or self.warmup < 0:
+            raise ValueError("--num-workers and --warmup must be >= 0")
+        if self.warmup >= self.steps:
+            raise ValueError(f"--warmup ({self.warmup}) must be below --steps ({self.steps})")
+        if self.compile and self.device == "xla":
+            raise ValueError("--compile is for cpu and cuda: torch-xla compiles every step already")
+        resolve_device(self.device)
 
 
 def parse_args(argv=None):
-    """-> (config name, ModelConfig, TrainConfig). Unknown keys and bad values exit with a message."""
+    """-> (ModelConfig, TrainConfig): the --config preset with any ModelConfig field overridden."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)  # no prefixes: a mistyped key must fail
-    parser.add_argument("--config", default="tiny", choices=sorted(CONFIGS), metavar="NAME",
-                        help=f"model config from configs.py (default: tiny): {', '.join(CONFIGS)}")
-    group = parser.add_argument_group("model (ModelConfig fields; default: the --config's value)")
-    for f in fields(ModelConfig):
-        _add_field(group, f, None, MODEL_HELP[f.name])
-    group = parser.add_argument_group("training (TrainConfig fields)")
-    for f in fields(TrainConfig):
-        _add_field(group, f, f.default, f"{f.metadata['help']} (default: {f.default})")
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        key = unknown[0].split("=")[0]
-        known = [f"--{f.name}" for f in fields(ModelConfig) + fields(TrainConfig)] + ["--config"]
-        close = difflib.get_close_matches(key, known, n=1)
-        parser.error(f"unknown option {key}" + (f"; did you mean {close[0]}?" if close else
-                                                  " (see --help for the ModelConfig and TrainConfig fields)"))
-    model_changes = {f.name: getattr(args, f.name) for f in fields(ModelConfig) if getattr(args, f.name) is not None}
-    try:
-        model_config = dataclasses.replace(CONFIGS[args.config], **model_changes)
-    except ValueError as e:  # ModelConfig.__post_init__ says which field and why
-        parser.error(str(e))
-    train_config = TrainConfig(**{f.name: getattr(args, f.name) for f in fields(TrainConfig)})
-    problems = [f"--{name} must be positive" for name in
-                ("seq_len", "max_predictions", "batch_size", "grad_accum", "steps", "log_every",
-                 "checkpoint_every", "keep") if getattr(train_config, name) < 1]
-    if train_config.device not in ("auto", "cpu", "cuda", "xla"):
-        problems.append(f"--device must be auto, cpu, cuda or xla, got {train_config.device!r}")
-    if train_config.compile and train_config.device == "xla":
-        problems.append("--compile is for cpu and cuda: torch-xla compiles every step already")
-    if train_config.warmup >= train_config.steps:
-        problems.append(f"--warmup ({train_config.warmup}) must be below --steps ({train_config.steps})")
-    if train_config.seq_len > model_config.max_position_embeddings:
-        problems.append(f"--seq_len {train_config.seq_len} exceeds max_position_embeddings "
-                        f"{model_config.max_position_embeddings}")
-    if problems:
-        parser.error("; ".join(problems))
-    return args.config, model_config, train_config
+                                     allow_abbrev=False)
+    add_flags(parser.add_argument_group("training"), TrainConfig)
+    add_flags(parser.add_argument_group("model: ModelConfig fields (default: the --config's)"), ModelConfig,
+              default_none=True)
+    args = parse_flags(parser, argv)
+    cfg = build(parser, TrainConfig, args)
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig) if getattr(args, f.name) is not None}
+    model_config = build(parser, ModelConfig, argparse.Namespace(**asdict(CONFIGS[cfg.config]) | changes))
+    if cfg.seq_len > model_config.max_position_embeddings:
+        parser.error(f"--seq-len {cfg.seq_len} exceeds max_position_embeddings {model_config.max_position_embeddings}")
+    return model_config, cfg
 
 
 # ----------------------------------------------------------------------------------------------
@@ -261,17 +215,26 @@ class Runtime:
 
     def save(self, obj, path):
         """Write atomically from the main process: a temporary file, flushed, then renamed, so a
-        crash mid-write never leaves a broken `path` (readers ignore *.tmp files)."""
+        crash mid-write never leaves a broken `path`. A save that fails (a full disk) leaves no
+        partial file behind and names `path`."""
         tmp = path + ".tmp"
-        if self.kind == "xla":
-            import torch_xla.core.xla_model as xm
-            xm.save(obj, tmp, master_only=True, global_master=True)  # moves to CPU; all call it
-        elif self.is_main:
-            torch.save(obj, tmp)
-        if self.is_main:
-            with open(tmp, "rb") as f:
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+        try:
+            if self.kind == "xla":
+                import torch_xla.core.xla_model as xm
+                xm.save(obj, tmp, master_only=True, global_master=True)  # moves to CPU; all call it
+            elif self.is_main:
+                torch.save(obj, tmp)
+            if self.is_main:
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+        except BaseException as e:
+            if self.is_main:
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+            if isinstance(e, (OSError, RuntimeError)):
+                raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from e
+            raise
 
 
 def resolve_device(device):
@@ -279,7 +242,15 @@ def resolve_device(device):
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
     if device not in ("cpu", "cuda", "xla"):
-        raise ValueError(f"device must be auto, cpu, cuda or xla, got {device!r}")
+        raise ValueError(f"--device must be auto, cpu, cuda or xla, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no CUDA GPU (a CPU-only build of torch, or no driver?)")
+    if device == "xla":
+        try:
+            import torch_xla  # noqa: F401
+        except ImportError:
+            raise ValueError("--device xla needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0 "
+                             "(with PJRT_DEVICE=TPU on a TPU VM, or CPU to try it)") from None
     return device
 
 
@@ -295,8 +266,6 @@ def setup_runtime(device="auto"):
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if device == "cuda":
-        if not torch.cuda.is_available():
-            raise RuntimeError("--device cuda, but torch sees no CUDA GPU")
         torch.cuda.set_device(local_rank)
         torch_device = torch.device("cuda", local_rank)
     else:
@@ -328,30 +297,38 @@ def lr_at(step, warmup, total, peak):
     return peak * max(0.0, (total - step) / max(1, total - warmup))
 
 
-# ----------------------------------------------------------------------------------------------
-# What fine-tuning keeps
-
-def load_pretrained_encoder(path):
-    """The Encoder of a pre-training checkpoint, without the pre-training-only layers and the
-    masked-LM head (the paper drops both for fine-tuning)."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    model = MaskedLM(ModelConfig(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["model"])
-    kept = sum(p.numel() for p in model.encoder.parameters())
-    total = sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
-    print(f"{path}: kept the encoder ({kept:,} parameters); dropped {total - kept:,} "
-          f"({model.config.pretraining_only_layers} pre-training-only layers + the MLM head)")
-    return model.encoder
+def weights_are_sound(model, batch, runtime):
+    """Checked before every save, since the loss checked so far was computed before the last update:
+    the weights are finite and give a finite loss on `batch` (in every process)."""
+    model.eval()
+    with torch.no_grad(), runtime.autocast():
+        loss = model(**batch)[-1]
+    model.train()
+    finite = torch.stack([torch.isfinite(loss)] + [torch.isfinite(p).all() for p in model.parameters()]).all()
+    return runtime.all_reduce_sum((~finite).float()).item() == 0
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints: one file per save, written atomically, the newest `keep` kept
+# Checkpoints: one file per save, written atomically, the newest `keep` kept, each checked when read
 
 def checkpoint_paths(out_dir):
     """Complete checkpoints, oldest first. Temporary files (*.tmp) of an interrupted save are
     never matched, so a crash while writing leaves the previous checkpoint as the newest."""
     paths = glob.glob(os.path.join(out_dir, "ckpt-*.pt"))
     return sorted(p for p in paths if re.fullmatch(r"ckpt-\d+\.pt", os.path.basename(p)))
+
+
+def newest_intact_checkpoint(out_dir, log):
+    """(path, contents) of the newest checkpoint whose every record passes its CRC check; a damaged
+    one is reported and passed over."""
+    damaged = []
+    for path in reversed(checkpoint_paths(out_dir)):
+        try:
+            return path, load_checkpoint(path)
+        except DataError as e:
+            log(f"warning: {e}; trying the checkpoint before it")
+            damaged.append(os.path.basename(path))
+    raise DataError(f"{out_dir}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
 
 
 def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config):
@@ -369,29 +346,22 @@ def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config):
     return path
 
 
-def restore_checkpoint(runtime, path, model, optimizer, loader, model_config):
-    """Load everything the run needs to continue bit for bit; returns the step to continue from."""
-    checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    ours = asdict(model_config)
-    differ = [f"{k}: checkpoint {checkpoint['config'].get(k)!r}, now {v!r}"
-              for k, v in ours.items() if checkpoint["config"].get(k) != v]
-    if differ:
-        raise ValueError(f"{path} was written for another model config ({'; '.join(differ)}); "
-                         f"pass the same --config and overrides, or another --out_dir")
-    restore_training_state(runtime, checkpoint, path, model, optimizer)
-    loader.load_state_dict(checkpoint["loader"][runtime.rank])
-    return checkpoint["step"]
-
-
 def restore_training_state(runtime, state, path, model, optimizer):
     """Weights, optimizer and this process's RNG from a saved state (pretrain.py's checkpoints and
     finetune.py's). Each process saved its own RNG (and data position), so the process count must match."""
     if len(state["rng"]) != runtime.world_size:
-        raise ValueError(f"{path} was written by {len(state['rng'])} processes, this run has "
-                         f"{runtime.world_size}: the processes' data and random draws would not line up")
+        raise DataError(f"{path} was written by {len(state['rng'])} processes, this run has "
+                        f"{runtime.world_size}: the processes' data and random draws would not line up")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     runtime.set_rng_state(state["rng"][runtime.rank])
+
+
+def remove_partial_saves(pattern, log):
+    """Delete the temporary files of saves that a crash interrupted (never read: every reader skips them)."""
+    for path in glob.glob(pattern):
+        os.remove(path)
+        log(f"removed {path}, left by an interrupted save")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -426,16 +396,13 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
 def ensure_tokenizer(cfg, model_config, runtime, log):
     if not os.path.exists(cfg.tokenizer):
         if runtime.is_main:
-            files = sorted(glob.glob(os.path.join(cfg.data, "*.txt"))) if os.path.isdir(cfg.data) else [cfg.data]
-            log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {len(files)} files "
-                f"of {cfg.data} -> {cfg.tokenizer}")
-            os.makedirs(os.path.dirname(cfg.tokenizer) or ".", exist_ok=True)
-            train_tokenizer(files, model_config.vocab_size, cfg.tokenizer.removesuffix(".model"))
+            log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {cfg.tokenizer}")
+            train_tokenizer(cfg.data, model_config.vocab_size, cfg.tokenizer.removesuffix(".model"))
         runtime.barrier()
     tokenizer = Tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > model_config.vocab_size:
-        raise ValueError(f"{cfg.tokenizer} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
-                         f"{model_config.vocab_size}; pass --vocab_size={tokenizer.vocab_size}")
+        raise DataError(f"{cfg.tokenizer} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
+                        f"{model_config.vocab_size}; pass --vocab-size {tokenizer.vocab_size}")
     if tokenizer.vocab_size < model_config.vocab_size:
         log(f"note: {cfg.tokenizer} has {tokenizer.vocab_size} pieces, fewer than vocab_size "
             f"{model_config.vocab_size}; the extra embedding rows stay unused")
@@ -449,6 +416,9 @@ def train(model_config, cfg):
     log(f"model config: {asdict(model_config)}")
     log(f"train config: {asdict(cfg)}")
     tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
+    if runtime.is_main:  # count the corpus's lines in one process; the others read the index it leaves
+        line_counts([p for paths in corpus_files(cfg.data).values() for p in paths])
+    runtime.barrier()
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     raw_model = MaskedLM(model_config)
@@ -458,26 +428,35 @@ def train(model_config, cfg):
         model = torch.compile(model)
     optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
     loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                       max_predictions=cfg.max_predictions, rank=runtime.rank,
-                       world_size=runtime.world_size, seed=cfg.seed)
+                       max_predictions=cfg.max_predictions, rank=runtime.rank, world_size=runtime.world_size,
+                       num_workers=cfg.num_workers, seed=cfg.seed)
     counts = count_parameters(raw_model)
     log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
 
     step = 0
-    existing = checkpoint_paths(cfg.out_dir)
-    if cfg.resume and existing:
-        step = restore_checkpoint(runtime, existing[-1], raw_model, optimizer, loader, model_config)
-        log(f"resumed from {existing[-1]} at step {step}")
-    elif existing:
-        raise FileExistsError(f"{cfg.out_dir} already holds checkpoints ({os.path.basename(existing[-1])}); "
-                              f"pass --resume to continue that run, or choose another --out_dir")
+    if runtime.is_main:
+        remove_partial_saves(os.path.join(cfg.out_dir, "ckpt-*.pt.tmp"), log)
+    if cfg.resume and checkpoint_paths(cfg.out_dir):
+        path, checkpoint = newest_intact_checkpoint(cfg.out_dir, log)
+        differ = [f"{k} {checkpoint['config'].get(k)!r} then, {v!r} now"
+                  for k, v in asdict(model_config).items() if checkpoint["config"].get(k) != v]
+        if differ:
+            raise DataError(f"{path} was written for another model ({'; '.join(differ)}); pass the same "
+                            f"--config and overrides, or another --out-dir")
+        restore_training_state(runtime, checkpoint, path, raw_model, optimizer)
+        loader.load_state_dict(checkpoint["loader"][runtime.rank])
+        step = checkpoint["step"]
+        log(f"resumed from {path} at step {step}")
+    elif checkpoint_paths(cfg.out_dir):
+        raise DataError(f"{cfg.out_dir} already holds checkpoints; pass --resume to continue that run, "
+                        f"or choose another --out-dir")
     else:
         torch.manual_seed(cfg.seed + 1 + runtime.rank)  # dropout: different draws in each process
     os.makedirs(cfg.out_dir, exist_ok=True)
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * runtime.world_size
     stats = torch.zeros(3, device=runtime.device)
-    data = itertools.chain.from_iterable(itertools.repeat(loader))  # epoch after epoch
+    data = iter(loader)
     model.train()
     started = time.time()
     while step < cfg.steps:
@@ -496,16 +475,13 @@ def train(model_config, cfg):
             if step % cfg.log_every and step != cfg.steps and step % cfg.checkpoint_every:
                 continue
             # The one host sync, every log_every steps (and before each checkpoint). The loss
-            # summed since the last check is NaN/inf if any step's was, so none slips through,
-            # and no checkpoint is ever written after a bad step.
+            # summed since the last check is NaN/inf if any step's was, so none slips through.
             loss_sum, correct, count = runtime.all_reduce_sum(stats.clone()).tolist()
             stats.zero_()
             loss = loss_sum / max(count, 1.0)
             if not math.isfinite(loss):
-                good = checkpoint_paths(cfg.out_dir)
-                raise FloatingPointError(
-                    f"the loss became {loss} between steps {last_step + 1} and {step}; stopping. "
-                    f"Last good checkpoint: {good[-1] if good else 'none'} (try a lower --lr)")
+                raise FloatingPointError(f"the loss became {loss} between steps {last_step + 1} and {step}; "
+                                         f"{last_good(cfg.out_dir)} (try a lower --lr)")
             elapsed, now = time.time() - last_log, time.time()
             seconds_per_step = elapsed / (step - last_step)
             compiles = ""
@@ -516,10 +492,18 @@ def train(model_config, cfg):
                 f"| lr {lr:.2e} | {tokens_per_step / seconds_per_step:,.0f} tok/s "
                 f"| left {(cfg.steps - step) * seconds_per_step / 60:.1f} min{compiles}")
             last_log, last_step = now, step
+        if not weights_are_sound(raw_model, micro_batches[-1], runtime):
+            raise FloatingPointError(f"the update of step {step} broke the weights (not finite, or a non-finite "
+                                     f"loss); not saved. {last_good(cfg.out_dir)} (try a lower --lr)")
         path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config)
         log(f"saved {path}")
     log(f"done: {cfg.steps} steps in {(time.time() - started) / 60:.1f} min")
     return raw_model
+
+
+def last_good(out_dir):
+    good = checkpoint_paths(out_dir)
+    return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
 
 
 def _launched(index, model_config, train_config):  # torch_xla.launch passes the process index first
@@ -527,7 +511,7 @@ def _launched(index, model_config, train_config):  # torch_xla.launch passes the
 
 
 def main(argv=None):
-    _, model_config, train_config = parse_args(argv)
+    model_config, train_config = parse_args(argv)
     if resolve_device(train_config.device) == "xla":
         import torch_xla
         torch_xla.launch(_launched, args=(model_config, train_config))  # one process per core/chip
@@ -536,4 +520,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)
