@@ -98,6 +98,16 @@ def parameter_counts(name):
 # ----------------------------------------------------------------------------------------------
 # The command line of every script: a dataclass per command, one --flag per field
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line (the whole usage is what --help shows)."""
+
+    def __init__(self, **kwargs):
+        super().__init__(formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False, **kwargs)
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def add_flags(parser, cls, default_none=False):
     """One --flag per field of the dataclass `cls` (underscores written as dashes), with the field's type
     and help; a bool is --flag / --no-flag, a list takes one or more values. default_none: every default is
@@ -121,7 +131,9 @@ def parse_flags(parser, argv=None):
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]
-        known = [option for action in parser._actions for option in action.option_strings]
+        parsers = [parser] + [p for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+                              for p in action.choices.values()]
+        known = [option for p in parsers for action in p._actions for option in action.option_strings]
         close = difflib.get_close_matches(flag, known, n=1)
         parser.error(f"unrecognized argument {unknown[0]}" + (f"; did you mean {close[0]}?" if close else ""))
     return args
@@ -138,16 +150,14 @@ def build(parser, cls, args, **values):
 def parse_command_line(doc, commands, argv=None):
     """The whole command line of a script: `commands` is a dataclass, or {name: dataclass} for a script
     whose first word picks one (python evaluate.py score --task ...). Returns (name or None, instance)."""
-    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
+    parser = ArgumentParser(description=doc)
     if not isinstance(commands, dict):
         add_flags(parser, commands)
         return None, build(parser, commands, parse_flags(parser, argv))
-    words = parser.add_subparsers(dest="command", required=True)
+    words = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     parsers = {}
     for name, cls in commands.items():
-        parsers[name] = words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__,
-                                         allow_abbrev=False)
+        parsers[name] = words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__)
         add_flags(parsers[name], cls)
     args = parse_flags(parser, argv)
     return args.command, build(parsers[args.command], commands[args.command], args)

@@ -536,20 +536,26 @@ def average(rows):
     return {m: sum(r[m] for r in rows) / len(rows) for m in rows[0]}
 
 
+def with_defaults(cfg, log):
+    """Appendix A.3's defaults for what --lr, --batch-size and --seq-len leave open: Table 10's learning-rate
+    sweep at batch 32, or for an encoder of RemBERT's shape Table 15's rate and batch; said, not silent."""
+    task, rembert = TASKS[cfg.task], CONFIGS["rembert"]
+    if encoder_shape(cfg) == (rembert.num_layers, rembert.hidden_size):
+        lrs, batch_size, source = [task.rembert[0]], task.rembert[1], "Table 15's, for an encoder of RemBERT's shape"
+    else:
+        lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
+    log(f"defaults: {source}: learning rates {', '.join(f'{lr:g}' for lr in lrs)}, batch {batch_size}"
+        + (f" (overridden: --lr {cfg.lr} --batch-size {cfg.batch_size})" if cfg.lr or cfg.batch_size else ""))
+    return dataclasses.replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size,
+                               seq_len=cfg.seq_len or task.seq_len)
+
+
 def run(cfg):
     runtime = setup_runtime(cfg.device)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     task = TASKS[cfg.task]
-    rembert = CONFIGS["rembert"]
-    if encoder_shape(cfg) == (rembert.num_layers, rembert.hidden_size):
-        lrs, batch_size, source = [task.rembert[0]], task.rembert[1], "Table 15's, for RemBERT's shape"
-    else:
-        lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
-    log(f"defaults: {source}: learning rates {', '.join(f'{lr:g}' for lr in lrs)}, batch {batch_size}"
-        + (f" (overridden by --lr {cfg.lr} / --batch-size {cfg.batch_size})" if cfg.lr or cfg.batch_size else ""))
-    cfg = dataclasses.replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size,
-                              seq_len=cfg.seq_len or task.seq_len)
+    cfg = with_defaults(cfg, log)
     log(f"finetune config: {asdict(cfg)}")
     settings = {k: getattr(cfg, k) for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
     tokenizer_file = tokenizer_path(cfg)

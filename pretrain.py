@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configs import CONFIGS, add_flags, build, parse_flags, run_script
+from configs import CONFIGS, ArgumentParser, add_flags, build, parse_flags, run_script
 from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
 from model import DataError, MaskedLM, ModelConfig, count_parameters, load_checkpoint
 
@@ -94,8 +94,7 @@ class TrainConfig:
 
 def parse_args(argv=None):
     """-> (ModelConfig, TrainConfig): the --config preset with any ModelConfig field overridden."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     allow_abbrev=False)
+    parser = ArgumentParser(description=__doc__)
     add_flags(parser.add_argument_group("training"), TrainConfig)
     add_flags(parser.add_argument_group("model: ModelConfig fields (default: the --config's)"), ModelConfig,
               default_none=True)

@@ -6,6 +6,7 @@ import json
 import random
 import re
 import string
+import subprocess
 import sys
 import unicodedata
 from collections import Counter
@@ -15,8 +16,10 @@ import pytest
 
 import evaluate
 from evaluate import entities, mlqa_normalize, ner_scores, pos_scores, qa_scores, squad_normalize
+from model import DataError
 
-DATA = Path(__file__).parent.parent / "shared" / "data"
+REPO = Path(__file__).parent
+DATA = REPO.parent / "shared" / "data"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -230,9 +233,9 @@ def conlleval_figures(correct, guessed, gold):
 
 def squad(*questions):
     """A one-article SQuAD dataset from (id, [gold answers]) pairs."""
-    return [{"paragraphs": [{"context": "", "qas": [{"id": qid, "answers": [{"text": t, "answer_start": 0}
-                                                                         for t in answers]}
-                                                  for qid, answers in questions]}]}]
+    return [{"paragraphs": [{"context": "", "qas": [{"id": qid, "question": "?",
+                                                     "answers": [{"text": t, "answer_start": 0} for t in answers]}
+                                                    for qid, answers in questions]}]}]
 
 
 def test_squad_hand_worked():
@@ -395,9 +398,9 @@ def write(path, text):
 
 
 def score_error(capsys, task, gold, predictions, *extra):
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(DataError) as error:
         evaluate.main(["score", "--task", task, "--gold", str(gold), "--predictions", str(predictions), *extra])
-    return str(exc.value.code)
+    return str(error.value)
 
 
 def test_score_classification(tmp_path, capsys):
@@ -405,14 +408,36 @@ def test_score_classification(tmp_path, capsys):
     gold = write(tmp_path / "gold.tsv", 'a\tb\t1\n"say ""hi""\tc\x1cd"\te\t0\nf\tg\t1\n')
     result = run_score(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\n0\n0\n"))
     assert result["accuracy"] == 100.0 * 2 / 3 and result["total"] == 3 and result["task"] == "pawsx"
+    windows = write(tmp_path / "crlf.tsv", b"\xef\xbb\xbf" + gold.read_bytes().replace(b"\n", b"\r\n"))
+    assert run_score(capsys, "pawsx", windows, write(tmp_path / "p.txt", "1\r\n0\r\n0\r\n")) == result
     assert "p.txt:2: unknown label 'x'" in score_error(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\nx\n0\n"))
     assert "3 examples but" in score_error(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\n0\n"))
     bad = write(tmp_path / "bad.tsv", "a\tb\t1\na\tb\n")
-    assert "bad.tsv:2: expected 3 tab-separated fields" in score_error(capsys, "pawsx", bad, tmp_path / "p.txt")
+    assert "bad.tsv:2: 2 tab-separated fields" in score_error(capsys, "pawsx", bad, tmp_path / "p.txt")
+    assert "bad.tsv:1: 2 tab-separated fields; expected sentence1<TAB>sentence2<TAB>label" in score_error(
+        capsys, "pawsx", write(bad, "a\tb\nc\td\n"), tmp_path / "p.txt")  # no labels to score against
     assert "bad.tsv:1: unknown label 'neutral'" in score_error(
         capsys, "pawsx", write(bad, "a\tb\tneutral\n"), tmp_path / "p.txt")
     assert "empty file" in score_error(capsys, "xnli", write(bad, ""), tmp_path / "p.txt")
     assert "bad.tsv:2: not UTF-8" in score_error(capsys, "xnli", write(bad, b"a\tb\tneutral\n\xff\n"), gold)
+
+
+def test_score_reports_each_language_of_xnli_1_0s_own_files(capsys, tmp_path):
+    gold = DATA / "xnli" / "original_format_samples" / "XNLI-1.0" / "xnli.dev.tsv"
+    if not gold.exists():
+        pytest.skip("../shared/data is absent")
+    rows = [line.split("\t") for line in gold.read_text().split("\n")[1:] if line]
+    predicted = [row[1] if row[0] != "de" else "entailment" if row[1] != "entailment" else "neutral" for row in rows]
+    result = run_score(capsys, "xnli", gold, write(tmp_path / "p.txt", "\n".join(predicted) + "\n"))
+    assert len(result["languages"]) == 15 and result["languages"]["de"] == 0.0
+    assert all(value == 100.0 for lang, value in result["languages"].items() if lang != "de")
+
+
+def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
+    gold = write(tmp_path / "gold.tsv", "a\tb\t1\n")
+    out = subprocess.run([sys.executable, "evaluate.py", "score", "--task", "pawsx", "--gold", str(gold),
+                          "--predictions", str(tmp_path / "missing.txt")], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "missing.txt" in out.stderr, out.stderr
 
 
 def test_score_real_pawsx_and_xnli(capsys, tmp_path):
@@ -435,8 +460,10 @@ def test_score_tagging(tmp_path, capsys):
     assert (result["correct_entities"], result["predicted_entities"], result["gold_entities"]) == (1, 3, 3)
     assert "bad.tsv:4: unknown label 'B-MISC'" in score_error(
         capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tB-MISC\n"))
-    assert "bad.tsv:2: expected `token<TAB>label`" in score_error(
+    assert "bad.tsv:2: 1 tab-separated fields; line 1 has 2" in score_error(
         capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt O\n"))
+    assert "bad.tsv:1: 1 tab-separated fields; expected token<TAB>label" in score_error(
+        capsys, "panx", write(tmp_path / "bad.tsv", "Anton\nlebt\n"), gold)  # gold without labels
     assert "2 sentences but" in score_error(capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\n"))
     assert "gold.tsv:6 has other tokens" in score_error(
         capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tO\n\nDas\tO\nUN\tO\n"))
@@ -460,14 +487,16 @@ def test_score_qa(tmp_path, capsys):
     squad_result = run_score(capsys, "xquad", gold, predictions, "--lang", "de")
     assert squad_result["exact_match"] == 0.0 and squad_result["lang"] == "de"
     assert run_score(capsys, "mlqa", gold, predictions, "--lang", "de")["exact_match"] == 50.0
-    assert "--lang is required for mlqa" in score_error(capsys, "mlqa", gold, predictions)
+    assert "--lang must be one of en, es, hi, vi, de, ar, zh for mlqa" in score_error(capsys, "mlqa", gold, predictions)
     assert "duplicate key 'q1'" in score_error(capsys, "tydiqa", gold, write(
         tmp_path / "dup.json", '{"q1": "a", "q1": "b"}'))
-    assert "not a string" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1": ["a"]}'))
+    assert "expected a JSON object {question id: answer text}" in score_error(
+        capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1": ["a"]}'))
     assert "bad.json:1: invalid JSON" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1"'))
-    no_answers = write(tmp_path / "g.json", json.dumps({"data": [{"paragraphs": [{"qas": [{"id": "x", "answers": []}]}]}]}))
-    assert "data[0].paragraphs[0].qas[0] (id 'x') needs a non-empty \"answers\"" in score_error(
-        capsys, "xquad", no_answers, predictions)
+    no_answers = write(tmp_path / "g.json", json.dumps({"data": squad(("x", []))}))
+    assert "question 'x' has no gold answer" in score_error(capsys, "xquad", no_answers, predictions)
+    twice = write(tmp_path / "g.json", json.dumps({"data": squad(("q1", ["Hund"]), ("q1", ["Katze"]))}))
+    assert "g.json: question 'q1': this id is used twice" in score_error(capsys, "xquad", twice, predictions)
 
 
 def test_score_real_xquad_gold_answers(capsys, tmp_path):

@@ -1,7 +1,9 @@
 """Tests for finetune.py: Hugging Face RemBERT directories load into every task type and export back
 to transformers with the same outputs; tiny zero-shot runs on the shared data produce the
-per-language table and results.json; --keep-layers; --train-fraction holds out what it trains on;
-the saved model predicts with `evaluate.py predict`, and `evaluate.py score` reproduces the table."""
+per-language table and results.json (one row per language, also from XNLI 1.0's own files);
+--keep-layers; --train-fraction holds out what it trains on; files without labels and damaged saves
+are refused by name; the saved model predicts with `finetune.py predict`, and `evaluate.py score`
+reproduces the table."""
 
 import json
 import subprocess
@@ -12,9 +14,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import data
 import evaluate
 import finetune
-import data
+from configs import parse_command_line
+from model import DataError
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
@@ -76,8 +80,12 @@ def hf_dir(files, tmp_path_factory):
     return path
 
 
+def parse(*args):
+    return parse_command_line(finetune.__doc__, finetune.FinetuneConfig, [str(a) for a in args])[1]
+
+
 def run(*args):
-    return finetune.run(finetune.parse_args([str(a) for a in args]))
+    return finetune.run(parse(*args))
 
 
 @pytest.mark.parametrize("task,train_file,head", [
@@ -94,8 +102,7 @@ def test_hf_directory_finetunes_and_exports_to_transformers(task, train_file, he
     ids = torch.randint(5, VOCAB, (2, 12))
     mask = torch.ones_like(ids)
     # The encoder fine-tuning starts from is the HF model...
-    args = finetune.parse_args(["--task", task, "--init", str(hf_dir), "--train", "unused"])
-    encoder = finetune.build_encoder(args, print).eval()
+    encoder = finetune.build_encoder(parse("--task", task, "--init", hf_dir, "--train", "x", "--eval", "y"), print).eval()
     reference = transformers.RemBertModel.from_pretrained(hf_dir).eval()
     torch.testing.assert_close(encoder(ids, attention_mask=mask), reference(ids, attention_mask=mask).last_hidden_state,
                                atol=1e-5, rtol=1e-5)
@@ -117,7 +124,7 @@ def test_keep_layers_drops_the_last_layers(files, hf_dir, tmp_path):
     model, _, _ = finetune.load_finetuned(tmp_path / "lr-0.001" / "seed-0")
     assert len(model.encoder.layers) == 1
     assert json.loads((tmp_path / "lr-0.001" / "seed-0" / "config.json").read_text())["num_hidden_layers"] == 1
-    with pytest.raises(ValueError, match="--keep-layers 3: the encoder has 2 layers"):
+    with pytest.raises(DataError, match="--keep-layers 3: the encoder has 2 layers"):
         run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
             "--keep-layers", "3", "--out-dir", tmp_path / "three", *SMALL_ARGS)
 
@@ -125,13 +132,29 @@ def test_keep_layers_drops_the_last_layers(files, hf_dir, tmp_path):
 def test_command_line_errors_are_clear(files, capsys):
     root, spm = files
     with pytest.raises(SystemExit):
-        finetune.parse_args(["--task", "xnli", "--train", "x.tsv"])  # neither --init nor --config
+        parse("--task", "xnli", "--train", "x.tsv", "--eval", "y.tsv")  # neither --init nor --config
     assert "pass exactly one of --init" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        finetune.parse_args(["--task", "xnli", "--config", "tiny", "--train", "x", "--keep-layer", "1"])
-    with pytest.raises(ValueError, match="cannot tell the language"):
+        parse("--task", "xnli", "--config", "tiny", "--train", "x", "--eval", "y", "--keep-layer", "1")
+    assert "did you mean --keep-layers?" in capsys.readouterr().err
+    unnamed = root / "pairs.tsv"
+    unnamed.write_text((root / "pairs-en.tsv").read_text())
+    with pytest.raises(DataError, match="--eval .*pairs.tsv: cannot tell the language"):
         run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-            "--eval", root / "corpus.txt", *SMALL_ARGS)
+            "--eval", unnamed, *SMALL_ARGS)
+
+
+def test_files_without_labels_are_refused_by_file_and_line(files, tmp_path):
+    root, spm = files
+    (tmp_path / "pairs-de.tsv").write_text("Die Katze sitzt.\tEine Katze.\n")  # a prediction input, no labels
+    (tmp_path / "tags-de.tsv").write_text("Berlin\nist\n")
+    for task, train, evaluation, message in (
+            ("xnli", root / "pairs-en.tsv", tmp_path / "pairs-de.tsv", r"pairs-de.tsv:1: 2 tab-separated fields"),
+            ("xnli", tmp_path / "pairs-de.tsv", root / "pairs-en.tsv", r"pairs-de.tsv:1: 2 tab-separated fields"),
+            ("panx", root / "tags-en.tsv", tmp_path / "tags-de.tsv", r"tags-de.tsv:1: 1 tab-separated fields")):
+        with pytest.raises(DataError, match=message):
+            run("--task", task, "--config", "tiny", "--tokenizer", spm, "--train", train, "--eval", evaluation,
+                "--out-dir", tmp_path / task, *SMALL_ARGS)
 
 
 def test_a_bad_label_in_an_evaluation_file_fails_before_training(files, tmp_path):
@@ -160,9 +183,9 @@ def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch,
         run(*args, "--out-dir", tmp_path / "crashed")
     monkeypatch.setattr(finetune, "lr_at", lr_at)
     assert (tmp_path / "crashed" / "lr-0.001" / "seed-0" / "train-state.pt").exists()
-    with pytest.raises(FileExistsError, match="pass --resume"):
+    with pytest.raises(DataError, match="pass --resume"):
         run(*args, "--out-dir", tmp_path / "crashed")
-    with pytest.raises(ValueError, match="--epochs 2 then, 3 now"):
+    with pytest.raises(DataError, match="--epochs 2 then, 3 now"):
         run(*args, "--out-dir", tmp_path / "crashed", "--resume", "--epochs", "3")
     capsys.readouterr()
     run(*args, "--out-dir", tmp_path / "crashed", "--resume")
@@ -178,17 +201,21 @@ def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch,
 
 
 def test_defaults_are_table_10_and_table_15_for_rembert(tmp_path):
-    args = finetune.parse_args(["--task", "xnli", "--config", "tiny", "--train", "x"])
+    lines = []
+    args = finetune.with_defaults(parse("--task", "xnli", "--config", "tiny", "--train", "x", "--eval", "y"), lines.append)
     assert (args.lr, args.batch_size, args.epochs) == ([1e-5, 2e-5, 3e-5], 32, 3)
-    assert finetune.parse_args(["--task", "panx", "--config", "tiny", "--train", "x"]).lr == [1e-5, 2e-5, 3e-5, 4e-5, 5e-5]
-    # A Hugging Face directory of RemBERT's shape (only its config.json is read): Table 15.
+    assert "Table 10's" in lines[-1]
+    args = finetune.with_defaults(parse("--task", "panx", "--config", "tiny", "--train", "x", "--eval", "y"), print)
+    assert args.lr == [1e-5, 2e-5, 3e-5, 4e-5, 5e-5]
+    # A Hugging Face directory of RemBERT's shape (only its config.json is read): Table 15, and it says so.
     (tmp_path / "config.json").write_text(json.dumps({"num_hidden_layers": 32, "hidden_size": 1152}))
     for task, lr, batch in (("pawsx", 8e-6, 128), ("xquad", 9e-6, 128), ("panx", 8e-6, 64)):
-        args = finetune.parse_args(["--task", task, "--init", str(tmp_path), "--train", "x"])
-        assert (args.lr, args.batch_size) == ([lr], batch)
-    args = finetune.parse_args(["--task", "panx", "--init", str(tmp_path), "--train", "x", "--lr", "1e-5", "2e-5",
-                                "--batch-size", "8"])
-    assert (args.lr, args.batch_size) == ([1e-5, 2e-5], 8)
+        args = finetune.with_defaults(parse("--task", task, "--init", tmp_path, "--train", "x", "--eval", "y"),
+                                      lines.append)
+        assert (args.lr, args.batch_size) == ([lr], batch) and "Table 15's, for an encoder of RemBERT's shape" in lines[-1]
+    args = finetune.with_defaults(parse("--task", "panx", "--init", tmp_path, "--train", "x", "--eval", "y", "--lr",
+                                        "1e-5", "2e-5", "--batch-size", "8"), lines.append)
+    assert (args.lr, args.batch_size) == ([1e-5, 2e-5], 8) and "overridden" in lines[-1]
 
 
 def test_learning_rate_sweep_reports_the_best_rate(files, tmp_path):
@@ -237,8 +264,8 @@ def test_panx_zero_shot_predict_score_round_trip(files, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "average" in out and "precision" in out
     prediction = tmp_path / "pred-de.tsv"
-    evaluate.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "panx", "--input", str(gold),
-                   "--output", str(prediction)])
+    finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "panx",
+                   "--input", str(gold), "--output", str(prediction)])
     capsys.readouterr()
     evaluate.main(["score", "--task", "panx", "--gold", str(gold), "--predictions", str(prediction)])
     scored = json.loads(capsys.readouterr().out)
@@ -268,8 +295,8 @@ def test_xquad_zero_shot_on_held_out_articles_and_round_trip(files, tmp_path, ca
     gold = tmp_path / "gold-de.json"
     gold.write_text(json.dumps({"version": "1.1", "data": [{"title": "held out", "paragraphs": kept}]}))
     prediction = tmp_path / "pred-de.json"
-    evaluate.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "xquad", "--input", str(gold),
-                   "--output", str(prediction)])
+    finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "xquad",
+                   "--input", str(gold), "--output", str(prediction)])
     assert set(json.loads(prediction.read_text())) == {qa["id"] for p in kept for qa in p["qas"]}
     capsys.readouterr()
     evaluate.main(["score", "--task", "xquad", "--gold", str(gold), "--predictions", str(prediction)])
@@ -277,12 +304,49 @@ def test_xquad_zero_shot_on_held_out_articles_and_round_trip(files, tmp_path, ca
     assert scored["f1"] == pytest.approx(table["de"]["f1"]) and scored["exact_match"] == pytest.approx(table["de"]["exact_match"])
 
 
-def test_script_help_documents_every_flag():
-    out = subprocess.run([sys.executable, "finetune.py", "--help"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout
-    for f in finetune.FinetuneConfig.__dataclass_fields__:
-        assert "--" + f.replace("_", "-") in out
-    assert "torchrun" in out and "PJRT_DEVICE=TPU" in out
+@needs_shared
+def test_original_release_files_give_one_row_per_language(files, tmp_path):
+    """XNLI 1.0's own dev file holds 15 languages in a column; PAWS-X's x-final/{lang}/ names the language
+    by its folder."""
+    _, spm = files
+    xnli = SHARED / "xnli" / "original_format_samples" / "XNLI-1.0" / "xnli.dev.tsv"
+    table = run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", SHARED / "xnli" / "dev-en.tsv",
+                "--max-train", "8", "--eval", xnli, "--out-dir", tmp_path / "xnli", *SMALL_ARGS)
+    assert len(table) == 16 and {"ar", "de", "zh", "average"} <= set(table)
+    pawsx = SHARED / "pawsx" / "original_format_samples" / "x-final"
+    table = run("--task", "pawsx", "--config", "tiny", "--tokenizer", spm, "--train", pawsx / "en" / "train.tsv",
+                "--eval", pawsx / "de" / "dev_2k.tsv", pawsx / "fr" / "dev_2k.tsv", "--out-dir", tmp_path / "pawsx",
+                *SMALL_ARGS)
+    assert list(table) == ["de", "fr", "average"]
+
+
+def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
+    root, spm = files
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--checkpoint-every", "2"]
+    run(*args)
+    saved = tmp_path / "lr-0.001" / "seed-0"
+    raw = bytearray((saved / "model.safetensors").read_bytes())
+    raw[-8:] = bytes(8)  # the last weights: still a readable safetensors file
+    (saved / "model.safetensors").write_bytes(raw)
+    with pytest.raises(DataError, match=r"seed-0/model.safetensors: damaged"):
+        finetune.load_finetuned(saved)
+    # An interrupted run's training state, damaged: --resume names it instead of loading it.
+    (saved / "scores.json").unlink()
+    (saved / "train-state.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
+    with pytest.raises(DataError, match=r"train-state.pt: damaged or not a checkpoint"):
+        run(*args, "--resume")
+
+
+def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
+    root, spm = files
+    run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+        "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path / "run", *SMALL_ARGS)
+    (tmp_path / "in.tsv").write_text("a\tb\tentailment\nc\n")
+    out = subprocess.run([sys.executable, "finetune.py", "predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"),
+                          "--task", "xnli", "--input", str(tmp_path / "in.tsv"), "--output", str(tmp_path / "out.txt")],
+                         cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "in.tsv:2: 1 tab-separated fields" in out.stderr
 
 
 class FakeRuntime:
