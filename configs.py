@@ -10,9 +10,12 @@ paper's.
 
 import argparse
 import difflib
+import os
 import sys
 import typing
 from dataclasses import MISSING, fields, replace
+
+import torch
 
 from model import DataError, ModelConfig
 
@@ -96,7 +99,7 @@ def parameter_counts(name):
 
 
 # ----------------------------------------------------------------------------------------------
-# The command line of every script: a dataclass per command, one --flag per field
+# What every script shares: a dataclass per command, one --flag per field; the device by name
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose errors are one line (the whole usage is what --help shows)."""
@@ -139,10 +142,10 @@ def parse_flags(parser, argv=None):
     return args
 
 
-def build(parser, cls, args, **values):
-    """cls from the parsed flags of its fields (and `values`); a value it refuses is a command-line error."""
+def build(parser, cls, args):
+    """cls from the parsed flags of its fields; a value it refuses is a command-line error."""
     try:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if f.name not in values}, **values)
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
     except ValueError as e:  # the dataclass's __post_init__ says which flag and why
         parser.error(str(e))
 
@@ -161,6 +164,23 @@ def parse_command_line(doc, commands, argv=None):
         add_flags(parsers[name], cls)
     args = parse_flags(parser, argv)
     return args.command, build(parsers[args.command], commands[args.command], args)
+
+
+def resolve_device(device):
+    """auto -> cuda if torch sees a GPU, else xla if PJRT_DEVICE is set (TPU VM), else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
+    if device not in ("cpu", "cuda", "xla"):
+        raise ValueError(f"--device must be auto, cpu, cuda or xla, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no CUDA GPU (a CPU-only build of torch, or no driver?)")
+    if device == "xla":
+        try:
+            import torch_xla  # noqa: F401  (only whether it is there)
+        except ImportError:
+            raise ValueError("--device xla needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0 "
+                             "(with PJRT_DEVICE=TPU on a TPU VM, or CPU to try it)") from None
+    return device
 
 
 def run_script(main):

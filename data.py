@@ -1,52 +1,41 @@
 """Data for RemBERT: the SentencePiece vocabulary, the multilingual masked-LM stream of pre-training,
-and the XTREME task formats of fine-tuning (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7;
-pre-training input as in mBERT / google-research/bert create_pretraining_data.py, task features as in
-run_squad.py / XTREME).
+and the readers of the XTREME task files (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7; the
+pre-training input as mBERT's, after google-research/bert's create_pretraining_data.py).
 
-Tokenizer (Appendix A.3: SentencePiece, unigram language model)
-  train_tokenizer(files, vocab_size, model_prefix, alpha=0.5) -> "PREFIX.model", trained on text sampled per
-      language with p_l ∝ n_l^alpha (as pre-training), so that small languages get pieces. Pieces 0-4 are
-      [PAD] [UNK] [CLS] [SEP] [MASK]; unknown characters fall back to their UTF-8 bytes, so every character
-      has pieces of its own (a run of rare characters is never one [UNK]).
-  Tokenizer(model_file): any SentencePiece model, e.g. the released RemBERT sentencepiece.model.
-      encode(text) -> ids; encode_with_offsets(text) -> (ids, [(start, end)]) character offsets into the
-      ORIGINAL text, never starting or ending with a character that SentencePiece reads as blank.
+Tokenizer (Appendix A.3: SentencePiece, unigram language model). train_tokenizer() samples the training
+text per language with p_l ∝ n_l^alpha (as pre-training does), so small languages get pieces; pieces 0-4
+are [PAD] [UNK] [CLS] [SEP] [MASK], and a character without a piece falls back to its UTF-8 bytes, so
+every character has pieces of its own. Tokenizer(model_file) takes any SentencePiece model (the released
+RemBERT one too); encode_with_offsets() maps pieces to characters of the ORIGINAL text.
 
-Masked-LM stream (pre-training): MLMLoader(data, tokenizer, batch_size, seq_len, max_predictions, ...) is an
-  endless iterator of batches (input_ids, token_type_ids, attention_mask (B, T); masked_positions, masked_ids,
-  masked_weights (B, P)) with an exact state_dict() / load_state_dict(). `data`: a file, a directory (its
-  *.txt), a list of files or {language: [files]}: UTF-8 text, one sentence per line, a blank line between
-  documents; a file's language is its name up to the first dot (en.txt, en.2.txt).
+Masked-LM stream: MLMLoader yields batches forever (input_ids, token_type_ids, attention_mask (B, T);
+masked_positions, masked_ids, masked_weights (B, P)), with an exact state_dict() / load_state_dict().
+Its data: a file, a directory of *.txt, a list of files or {language: [files]}; UTF-8 text, one sentence
+per line, a blank line between documents; a file's language is its name up to the first dot (en.2.txt).
   * Streams. Slot b of the global batch (rank * batch_size + b) of DataLoader worker w is stream
-    s = w * global_batch + rank * batch_size + b, one of S = max(num_workers, 1) * global_batch. Stream s reads
-    share s of every file: the lines that start in bytes [s/S, (s+1)/S) of it. The (rank, worker) pairs read
-    disjoint shares whose union is the corpus, and the global batch does not depend on how it is split over
-    processes (2 x 16 reads what 1 x 32 reads).
-  * Languages. Each row comes from one language, drawn with p_l ∝ n_l^alpha (n_l: the language's lines,
-    counted once and kept in an index file beside the corpus).
-  * Shuffling, bounded: a share is cut into chunks of `shuffle_bytes`, read in a random order each pass; the
-    documents of a chunk in a random order, their lines in order. A language's share repeats, reshuffled, when
-    it is used up (alpha < 1 repeats the small languages: that is the upsampling).
-  * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across line and document boundaries
-    (RoBERTa's FULL-SENTENCES); a long line continues in the language's next row. Every row is full.
-  * Masking (create_pretraining_data.py): 15% of the pieces, at most max_predictions, never [CLS]/[SEP]; of
-    those 80% [MASK], 10% a random ordinary piece, 10% unchanged.
-  * Memory is flat: a stream holds one chunk (of the language it read last) and, per language, a few ints of
-    position; returning to a language reads its chunk again (one seek).
-  * Every choice is a pure function of the seed and a position, so a restored loader yields exactly the
-    batches the uninterrupted one would have, with or without workers.
+    s = w * global_batch + rank * batch_size + b, one of S = max(num_workers, 1) * global_batch, and reads
+    the lines that start in bytes [s/S, (s+1)/S) of every file: the (rank, worker) pairs read disjoint
+    shares whose union is the corpus, and the global batch does not depend on how processes split it.
+  * Languages. Each row is one language, drawn with p_l ∝ n_l^alpha (n_l: its lines, counted once and
+    kept in an index file beside the corpus). A share used up repeats, reshuffled: alpha < 1 upsamples.
+  * Shuffling, bounded: a share's chunks of `shuffle_bytes` in a random order each pass, a chunk's
+    documents in a random order, their lines in order.
+  * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across lines and documents
+    (RoBERTa's FULL-SENTENCES); a long line goes on in the language's next row. Every row is full.
+  * Masking (create_pretraining_data.py): 15% of the pieces, at most max_predictions, never [CLS]/[SEP];
+    of those 80% [MASK], 10% a random ordinary piece, 10% unchanged.
+  * Memory is flat: a stream keeps its last few chunks and a few ints per language; returning to a
+    language reads its chunk again. Every draw is a function of the seed and a position, so a restored
+    loader yields exactly the batches the uninterrupted one would have, with or without workers.
 
-XTREME tasks (Section 3, Appendix A.4): read_pairs (XNLI, PAWS-X), read_tagging (PAN-X, UD-POS), read_squad
-(XQuAD, MLQA, TyDiQA-GoldP) -> examples; pair_features, tagging_features, squad_features -> dicts of tensors
-the task heads of model.py take as **kwargs; tagging_predictions and decode_spans map outputs back to one
-label per word and to answer text cut from the original context. Bad input fails with its file and line.
-
-  python data.py tokenizer --input sample_data --vocab-size 8000 --out out/tokenizer/spm
+XTREME tasks (Section 3): read_pairs (XNLI, PAWS-X), read_tagging (PAN-X, UD-POS) and read_squad (XQuAD,
+MLQA, TyDiQA-GoldP) return examples; a bad file fails with its name and line.
 """
 
 import collections
 import csv
 import io
+import itertools
 import json
 import os
 import random
@@ -133,24 +122,20 @@ def line_counts(paths):
     """{path: non-blank lines}. The counts are kept in an index file beside the files (.rembert-index.json,
     by name, size and modification time), so a corpus is read in full once, not at every start and not in
     every process of a job (pretrain.py counts in one process first). New files are counted in parallel."""
-    counts, todo = {}, []
-    by_dir = collections.defaultdict(list)
+    counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, mtime, lines]}
     for path in paths:
-        by_dir[os.path.dirname(os.path.abspath(path))].append(path)
-    indexes = {}
-    for directory, files in by_dir.items():
-        try:
-            with open(os.path.join(directory, INDEX)) as f:
-                indexes[directory] = json.load(f)
-        except (OSError, ValueError):
-            indexes[directory] = {}
-        for path in files:
-            stat = os.stat(path)
-            entry = indexes[directory].get(os.path.basename(path))
-            if entry and entry[:2] == [stat.st_size, stat.st_mtime_ns]:
-                counts[path] = entry[2]
-            else:
-                todo.append((directory, path, [stat.st_size, stat.st_mtime_ns]))
+        directory, name = os.path.split(os.path.abspath(path))
+        if directory not in indexes:
+            try:
+                with open(os.path.join(directory, INDEX)) as f:
+                    indexes[directory] = json.load(f)
+            except (OSError, ValueError):
+                indexes[directory] = {}
+        stat = os.stat(path)
+        if indexes[directory].get(name, [])[:2] == [stat.st_size, stat.st_mtime_ns]:
+            counts[path] = indexes[directory][name][2]
+        else:
+            todo.append((directory, path, [stat.st_size, stat.st_mtime_ns]))
     if len(todo) > 1:
         with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
             found = list(pool.map(count_lines, [path for _, path, _ in todo]))
@@ -522,8 +507,9 @@ class MLMLoader:
         saved = state.get("fingerprint", {})
         differ = [f"{key} {saved.get(key)!r} then, {value!r} now" for key, value in self._fingerprint.items()
                   if key != "files" and saved.get(key) != value]
-        if saved.get("files") != self._fingerprint["files"]:
-            differ.append(f"the corpus files (name, size) {_first_difference(saved.get('files'), self._fingerprint['files'])}")
+        files = [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"]) if a != b]
+        if files:
+            differ.append(f"the corpus files (name, size) {files[0][0]} then, {files[0][1]} now")
         if differ:
             raise DataError(f"the saved data-loader state was made with other data or settings: {'; '.join(differ)}")
         self._state = {"next_worker": state["next_worker"], "workers": [
@@ -548,15 +534,6 @@ class MLMLoader:
 
 def _identity(item):
     return item
-
-
-def _first_difference(saved, now):
-    saved = saved or []
-    for i in range(max(len(saved), len(now))):
-        a, b = (saved[i] if i < len(saved) else None), (now[i] if i < len(now) else None)
-        if a != b:
-            return f"{a} then, {b} now"
-    return ""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -732,183 +709,3 @@ def read_squad(path, check_answers=True):
 def _expect(ok, where, what):
     if not ok:
         raise DataError(f"{where}: needs a {what}")
-
-
-# ----------------------------------------------------------------------------------------------
-# XTREME tasks: features (static shapes: every row padded to seq_len)
-
-def to_tensors(features, seq_len, pad_id):
-    """Features (dicts with "input_ids", "token_type_ids" and per-position lists or per-sequence ints such as
-    "labels", "start_positions") -> a dict of (N, seq_len) / (N,) long tensors, with "attention_mask".
-    Padding: pad_id in input_ids, 0 in token_type_ids, -100 (ignored by the loss) in other lists."""
-    n = len(features)
-    out = {"attention_mask": torch.zeros(n, seq_len, dtype=torch.long)}
-    for key in features[0]:
-        if isinstance(features[0][key], list):
-            out[key] = torch.full((n, seq_len), {"input_ids": pad_id, "token_type_ids": 0}.get(key, -100),
-                                  dtype=torch.long)
-            for i, f in enumerate(features):
-                out[key][i, :len(f[key])] = torch.tensor(f[key], dtype=torch.long)
-        else:
-            out[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
-    for i, f in enumerate(features):
-        out["attention_mask"][i, :len(f["input_ids"])] = 1
-    return out
-
-
-def pair_features(tokenizer, examples, labels, seq_len):
-    """[CLS] sentence1 [SEP] sentence2 [SEP], the longer sentence cut first (BERT's _truncate_seq_pair);
-    labels as indices into `labels` (-100 without a label)."""
-    features = []
-    for e in examples:
-        a, b = tokenizer.encode(e.sentence1), tokenizer.encode(e.sentence2)
-        while len(a) + len(b) > seq_len - 3:
-            (a if len(a) > len(b) else b).pop()
-        features.append({"input_ids": [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id],
-                         "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
-                         "labels": -100 if e.label is None else check_label(e.label, labels, e.source)})
-    return to_tensors(features, seq_len, tokenizer.pad_id)
-
-
-def tagging_features(tokenizer, examples, labels, seq_len):
-    """One row per sentence: [CLS] pieces of each word [SEP]. A word's label goes to its first piece; the
-    other pieces, [CLS], [SEP] and padding get -100. A word with no pieces gets [UNK]. Words past seq_len - 2
-    pieces are cut (a warning counts them; tagging_predictions gives them labels[0]). Without gold labels,
-    first pieces get label 0, so that tagging_predictions can still find the words (do not train on them)."""
-    features, cut = [], 0
-    for e in examples:
-        ids, row_labels = [tokenizer.cls_id], [-100]
-        for k, word in enumerate(e.tokens):
-            pieces = tokenizer.encode(word) or [tokenizer.unk_id]
-            if len(ids) + len(pieces) > seq_len - 1:
-                cut += len(e.tokens) - k
-                break
-            ids += pieces
-            row_labels += [0 if e.labels is None else check_label(e.labels[k], labels, e.source)]
-            row_labels += [-100] * (len(pieces) - 1)
-        features.append({"input_ids": ids + [tokenizer.sep_id], "token_type_ids": [0] * (len(ids) + 1),
-                         "labels": row_labels + [-100]})
-    if cut:
-        warnings.warn(f"{cut} words did not fit in {seq_len} pieces; they are predicted as {labels[0]!r}")
-    return to_tensors(features, seq_len, tokenizer.pad_id)
-
-
-def tagging_predictions(examples, tensors, predictions, labels):
-    """(N, T) predicted label indices -> one list of labels per example, one label per word: the prediction at
-    the word's first piece (where tensors["labels"] is not -100)."""
-    out = []
-    for e, gold, predicted in zip(examples, tensors["labels"], predictions):
-        words = [labels[i] for i in predicted[gold != -100].tolist()]
-        out.append(words + [labels[0]] * (len(e.tokens) - len(words)))
-    return out
-
-
-def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, training=False):
-    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP], the question cut
-    to max_query_length pieces, windows starting every doc_stride pieces. training=True adds start_positions /
-    end_positions (the first answer's pieces; 0, the [CLS], when the window does not hold it).
-    Returns (tensors, meta); meta[i] = {"example": index into examples, "offsets": (start, end) characters of
-    the context for each context position (None elsewhere), "max_context": [bool]} for decode_spans."""
-    features, meta = [], []
-    for index, e in enumerate(examples):
-        question = tokenizer.encode(e.question)[:max_query_length]
-        context_ids, offsets = tokenizer.encode_with_offsets(e.context)
-        room = seq_len - len(question) - 3
-        if room < 1:
-            raise DataError(f"{e.source}: seq_len {seq_len} leaves no room for the context")
-        if training:
-            if not e.answers or not e.answers[0]["text"]:
-                raise DataError(f"{e.source}: no answer to train on")
-            start_char = e.answers[0]["answer_start"]
-            end_char = start_char + len(e.answers[0]["text"])
-            # The answer's pieces: from the first piece ending after its start to the last starting before its end.
-            first = next((k for k, (_, end) in enumerate(offsets) if end > start_char), len(offsets))
-            last = max((k for k, (start, _) in enumerate(offsets) if start < end_char), default=-1)
-        windows, start = [], 0
-        while True:
-            windows.append((start, min(room, len(context_ids) - start)))
-            if start + room >= len(context_ids):
-                break
-            start += min(room, doc_stride)
-        for w_start, w_len in windows:
-            ids = [tokenizer.cls_id, *question, tokenizer.sep_id, *context_ids[w_start:w_start + w_len], tokenizer.sep_id]
-            shift = len(question) + 2  # position of the window's first piece
-            feature = {"input_ids": ids, "token_type_ids": [0] * shift + [1] * (w_len + 1)}
-            if training:
-                inside = w_start <= first and last < w_start + w_len and first <= last
-                feature["start_positions"] = first - w_start + shift if inside else 0
-                feature["end_positions"] = last - w_start + shift if inside else 0
-            features.append(feature)
-            position_offsets = [None] * len(ids)
-            position_offsets[shift:shift + w_len] = offsets[w_start:w_start + w_len]
-            max_context = [False] * len(ids)
-            for k in range(w_len):
-                max_context[shift + k] = _is_max_context(windows, (w_start, w_len), w_start + k)
-            meta.append({"example": index, "offsets": position_offsets, "max_context": max_context})
-    return to_tensors(features, seq_len, tokenizer.pad_id), meta
-
-
-def _is_max_context(windows, window, position):
-    """run_squad.py's _check_is_max_context: a piece in several windows counts in the one where it has the most
-    context, min(left, right) + 0.01 * window length."""
-    best, best_score = None, None
-    for w in windows:
-        if w[0] <= position < w[0] + w[1]:
-            score = min(position - w[0], w[0] + w[1] - 1 - position) + 0.01 * w[1]
-            if best_score is None or score > best_score:
-                best, best_score = w, score
-    return best == window
-
-
-def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer_length=30):
-    """run_squad.py's n-best decoding: for each example, over its windows, the n_best highest start and end
-    logits; pairs inside the context, end >= start, at most max_answer_length pieces, the start at its max
-    context; the best start + end logit wins. The answer is cut from the ORIGINAL context by character
-    offsets (no detokenization). Returns {question id: answer text} ("" when no span qualifies)."""
-    start_logits, end_logits = start_logits.float().cpu(), end_logits.float().cpu()
-    best = {}  # example index -> (score, text)
-    for i, m in enumerate(meta):
-        e = examples[m["example"]]
-        offsets = m["offsets"]
-        starts = torch.topk(start_logits[i], min(n_best, start_logits.shape[1])).indices.tolist()
-        ends = torch.topk(end_logits[i], min(n_best, end_logits.shape[1])).indices.tolist()
-        for s in starts:
-            if s >= len(offsets) or offsets[s] is None or not m["max_context"][s]:
-                continue
-            for t in ends:
-                if t >= len(offsets) or offsets[t] is None or t < s or t - s + 1 > max_answer_length:
-                    continue
-                score = float(start_logits[i, s] + end_logits[i, t])
-                if m["example"] not in best or score > best[m["example"]][0]:
-                    best[m["example"]] = (score, e.context[offsets[s][0]:offsets[t][1]])
-    return {e.id: best[k][1] if k in best else "" for k, e in enumerate(examples)}
-
-
-# ----------------------------------------------------------------------------------------------
-
-@dataclass
-class TokenizerConfig:
-    input: list[str] = field(default_factory=list, metadata={
-        "help": "text files (language = file name up to the first dot) or directories of *.txt"})
-    vocab_size: int = field(default=8000, metadata={"help": "pieces (a soft limit for small corpora)"})
-    out: str = field(default="out/tokenizer/spm", metadata={"help": "output prefix: PREFIX.model and PREFIX.vocab"})
-    alpha: float = field(default=0.5, metadata={"help": "language sampling exponent"})
-    max_sentences: int = field(default=1_000_000, metadata={"help": "lines sampled for training, at most"})
-
-    def __post_init__(self):
-        if not self.input:
-            raise ValueError("--input is required")
-
-
-def main(argv=None):
-    from configs import parse_command_line
-    _, cfg = parse_command_line(__doc__, {"tokenizer": TokenizerConfig}, argv)
-    langs = corpus_files(cfg.input)
-    path = train_tokenizer(cfg.input, cfg.vocab_size, cfg.out, cfg.alpha, cfg.max_sentences)
-    print(f"{path}: {Tokenizer(path).vocab_size} pieces from {sum(map(len, langs.values()))} files in {len(langs)} "
-          f"languages ({', '.join(langs)})")
-
-
-if __name__ == "__main__":
-    from configs import run_script
-    run_script(main)

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 import data
-from configs import parse_command_line, run_script
+from configs import parse_command_line, resolve_device, run_script
 from model import DataError, Encoder, MaskedLM
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
@@ -134,9 +134,6 @@ def qa_scores(dataset, predictions, lang=None):
     predictions for ids not in the dataset are ignored, as there, and counted in "ignored_predictions"."""
     if lang is not None and lang not in MLQA_LANGUAGES:
         raise DataError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
-    for qid, text in predictions.items():
-        if not isinstance(text, str):
-            raise DataError(f"prediction for question {qid!r} is {type(text).__name__}, not a string")
     normalize = squad_normalize if lang is None else (lambda text: mlqa_normalize(text, lang))
     exact_match = f1 = total = unanswered = 0
     seen = set()
@@ -155,11 +152,6 @@ def qa_scores(dataset, predictions, lang=None):
         raise DataError("the gold dataset has no questions")
     return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total, "total": total,
             "unanswered": unanswered, "ignored_predictions": len(set(predictions) - seen)}
-
-
-def squad_dataset(examples):
-    """A SQuAD-format "data" list of data.read_squad's examples, as qa_scores takes it."""
-    return [{"paragraphs": [{"qas": [{"id": e.id, "answers": e.answers} for e in examples]}]}]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -249,6 +241,18 @@ def read_json(path):
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
 
 
+def task_scores(task, examples, predictions, lang=None):
+    """The task's official figures (percent) for the examples data.py read from a gold file and predictions:
+    a label (xnli, pawsx) or a tag list (panx, udpos) per example, or {question id: answer text} (QA)."""
+    if task in CLASSIFICATION_LABELS:
+        return accuracy([e.label for e in examples], predictions)
+    if task in TAGGING_LABELS:
+        gold = [e.labels for e in examples]
+        return ner_scores(gold, predictions) if task == "panx" else pos_scores(gold, predictions)
+    dataset = [{"paragraphs": [{"qas": [{"id": e.id, "answers": e.answers} for e in examples]}]}]
+    return qa_scores(dataset, predictions, lang if task == "mlqa" else None)
+
+
 def score_files(task, gold_path, predictions_path, lang=None):
     """Scores a prediction file against a gold file in the task's format; returns the metrics dict. A gold
     file with a language column (XNLI 1.0's own) adds each language's accuracy under "languages"."""
@@ -257,7 +261,7 @@ def score_files(task, gold_path, predictions_path, lang=None):
         predicted = read_labels(predictions_path, task)
         if len(gold) != len(predicted):
             raise DataError(f"{gold_path} has {len(gold)} examples but {predictions_path} has {len(predicted)} labels")
-        result = accuracy([e.label for e in gold], predicted)
+        result = task_scores(task, gold, predicted)
         if gold[0].language:
             pairs = sorted(zip(gold, predicted), key=lambda pair: pair[0].language)
             result["languages"] = {lang: accuracy(*zip(*[(e.label, p) for e, p in group]))["accuracy"]
@@ -271,8 +275,7 @@ def score_files(task, gold_path, predictions_path, lang=None):
         for g, p in zip(gold, predicted):
             if g.tokens != p.tokens:
                 raise DataError(f"the sentence at {g.source} has other tokens in {predictions_path} ({p.source})")
-        tags = [s.labels for s in gold], [s.labels for s in predicted]
-        return ner_scores(*tags) if task == "panx" else pos_scores(*tags)
+        return task_scores(task, gold, [p.labels for p in predicted])
     if task == "mlqa" and lang not in MLQA_LANGUAGES:
         raise DataError(f"--lang must be one of {', '.join(MLQA_LANGUAGES)} for mlqa (its answer normalization "
                         f"depends on the language), got {lang!r}")
@@ -283,16 +286,11 @@ def score_files(task, gold_path, predictions_path, lang=None):
     predictions = read_json(predictions_path)
     if not isinstance(predictions, dict) or not all(isinstance(v, str) for v in predictions.values()):
         raise DataError(f"{predictions_path}: expected a JSON object {{question id: answer text}}")
-    return qa_scores(squad_dataset(gold), predictions, lang if task == "mlqa" else None)
+    return task_scores(task, gold, predictions, lang)
 
 
 # ---------------------------------------------------------------------------------------------------
 # The paper's analyses of a pre-trained model
-
-def load_masked_lm(path):
-    """A MaskedLM from a pretrain.py checkpoint or a Hugging Face RemBERT directory."""
-    return MaskedLM.from_hf(path) if Path(path).is_dir() else MaskedLM.from_checkpoint(path)
-
 
 def mlm_accuracy(model, batches, device="cpu"):
     """Masked-LM accuracy (percent) and mean cross-entropy over the masked positions of `batches`, dicts as
@@ -373,33 +371,25 @@ def translation_probe(encoder, source, target, cls_id, sep_id, pad_id, max_len=1
 
 def read_parallel(source_path, target_path, unit="questions"):
     """Parallel sentences: two SQuAD-format JSON files (XQuAD: the same question ids and paragraph order in
-    every language), paired by question id or paragraph position; or two line-parallel text files."""
-    if Path(source_path).suffix != ".json":
-        source, target = ([line for line in data.read_text(path).split("\n")] for path in (source_path, target_path))
-        source, target = (lines[:-1] if lines[-1] == "" else lines for lines in (source, target))
-        if len(source) != len(target):
-            raise DataError(f"{source_path} has {len(source)} lines but {target_path} has {len(target)}")
-        for path, lines in ((source_path, source), (target_path, target)):
-            for line, text in enumerate(lines, 1):
-                if not text.strip():
-                    raise DataError(f"{path}:{line}: empty line")
-        return source, target
+    every language), paired by question id or (unit="contexts") by their paragraphs' question ids; or two
+    line-parallel text files."""
     sides = []
     for path in (source_path, target_path):
-        examples = data.read_squad(path, check_answers=False)
-        if unit == "contexts":
-            sides.append({key: e.context for key, e in ((tuple(e.id for e in group), group[0]) for group in
-                                                       _paragraphs(examples))})
+        if Path(source_path).suffix != ".json":
+            lines = data.read_text(path).removesuffix("\n").split("\n")
+            blank = next((i for i, line in enumerate(lines, 1) if not line.strip()), 0)
+            if blank:
+                raise DataError(f"{path}:{blank}: empty line")
+            sides.append(dict(enumerate(lines)))
+        elif unit == "contexts":
+            groups = itertools.groupby(data.read_squad(path, check_answers=False), key=lambda e: (e.article, e.context))
+            sides.append({tuple(e.id for e in group): context for (_, context), group in groups})
         else:
-            sides.append({e.id: e.question for e in examples})
+            sides.append({e.id: e.question for e in data.read_squad(path, check_answers=False)})
     if sides[0].keys() != sides[1].keys():
-        raise DataError(f"{source_path} and {target_path} are not parallel: their question ids differ")
+        raise DataError(f"{source_path} and {target_path} are not parallel: {len(sides[0])} and {len(sides[1])} "
+                        f"sentences, or other question ids")
     return list(sides[0].values()), [sides[1][key] for key in sides[0]]
-
-
-def _paragraphs(examples):
-    """The questions of each paragraph, in order (consecutive examples sharing a context and article)."""
-    return [list(group) for _, group in itertools.groupby(examples, key=lambda e: (e.article, e.context))]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -460,16 +450,6 @@ class ProbeConfig:
             raise ValueError("--checkpoint and --tokenizer are required; --unit is questions or contexts")
 
 
-def torch_device(name):
-    """auto | cpu | cuda | xla -> a torch.device (auto: a GPU when torch sees one)."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "xla":
-        import torch_xla
-        return torch_xla.device()
-    return torch.device(name)
-
-
 def main(argv=None):
     command, cfg = parse_command_line(__doc__, {"score": ScoreConfig, "mlm-accuracy": MLMAccuracyConfig,
                                                 "translation-probe": ProbeConfig}, argv)
@@ -477,10 +457,14 @@ def main(argv=None):
         result = score_files(cfg.task, cfg.gold, cfg.predictions, cfg.lang or None)
         print(json.dumps({"task": cfg.task, "lang": cfg.lang or None, **result}))
         return
-    device = torch_device(cfg.device)
+    kind = resolve_device(cfg.device)
+    if kind == "xla":
+        import torch_xla
+    device = torch_xla.device() if kind == "xla" else torch.device(kind)
     tokenizer = data.Tokenizer(cfg.tokenizer)
     if command == "mlm-accuracy":
-        model = load_masked_lm(cfg.checkpoint).to(device)
+        model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
+        model = model.to(device)
         loader = data.MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                                 max_predictions=cfg.max_predictions, seed=cfg.seed)
         result = mlm_accuracy(model, itertools.islice(loader, cfg.batches), device)

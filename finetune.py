@@ -2,26 +2,21 @@ r"""Fine-tuning RemBERT on the XTREME tasks of the paper with zero-shot cross-li
 (Section 3, "Tasks"; Tables 2-7): fine-tune on English training data only, then evaluate every
 target language with the same model, and report each language and the average.
 
-Tasks: sentence-pair classification (xnli, pawsx: `model.SequenceClassifier`), tagging (panx NER,
-udpos POS: `model.TokenClassifier`), extractive QA (xquad, mlqa, tydiqa: `model.SpanExtractor`).
-The encoder comes from a pre-training checkpoint of pretrain.py (its pre-training-only layers and
-MLM head are dropped, as in the paper), a Hugging Face RemBERT directory (e.g. google/rembert, with
-its sentencepiece.model), or random weights (--config NAME). `--keep-layers K` keeps only the
-encoder's first K layers (Figure 1).
+Tasks: sentence pairs (xnli, pawsx: `model.SequenceClassifier`), tagging (panx, udpos:
+`model.TokenClassifier`), extractive QA (xquad, mlqa, tydiqa: `model.SpanExtractor`), with
+google-research/bert's features (run_squad.py's doc_stride windows, max-context rule and n-best
+decoding). The encoder comes from a pretrain.py checkpoint (its pre-training-only layers and MLM head
+dropped, as in the paper), a Hugging Face RemBERT directory (with its sentencepiece.model) or random
+weights (--config); `--keep-layers K` keeps its first K layers (Figure 1).
 
-Defaults follow Appendix A.3: batch 32, 3 epochs, and a sweep over Table 10's learning rates (one
-run per rate and seed; the rate with the best average of the task's first metric is reported, as
-the paper reports its dev sets); for an encoder of RemBERT's shape, Table 15's rate and batch. The
-per-language table (mean over --seeds; the paper averages 3) goes to stdout and, with every rate's
-and seed's figures, to --out-dir/results.json. Each run's model is saved in transformers' layout
-under --out-dir/lr-RATE/seed-N/, where `python finetune.py predict` finds it. A run's training
-state is saved atomically every --checkpoint-every steps; after a crash, the same command with
---resume keeps the finished runs and continues the interrupted one to the same weights.
-
-With the shared demo data (../shared/data): XQuAD has no training split, so train on the first
-half of the English articles and evaluate all 12 languages on the held-out articles' questions
-(--train-fraction; the files are parallel, the ids shared). XNLI and PAWS-X likewise on their
-line-parallel dev files. PAN-X trains on train-en.tsv and evaluates the other languages' dev files.
+Defaults follow Appendix A.3: batch 32, 3 epochs, one run per learning rate of Table 10 and seed, the
+rate with the best average of the task's first metric reported (as the paper reports its dev sets); for
+an encoder of RemBERT's shape, Table 15's rate and batch. The per-language table (mean over --seeds)
+goes to stdout and --out-dir/results.json, each run's model (transformers' layout) to
+--out-dir/lr-RATE/seed-N/. After a crash, the same command with --resume keeps the finished runs and
+continues the interrupted one from its last save to the same weights. With ../shared/data, which has no
+training splits but for PAN-X, --train-fraction trains on the first part of a file and evaluates every
+parallel --eval file on the rest (XQuAD by article).
 
   CPU:      python finetune.py --task panx --init out/pretrain/ckpt-00000800.pt --lr 1e-3 --epochs 10 \
                 --train ../shared/data/ner/panx/train-en.tsv --eval ../shared/data/ner/panx/dev-*.tsv
@@ -36,6 +31,7 @@ line-parallel dev files. PAN-X trains on train-en.tsv and evaluates the other la
 (--batch-size is the global batch: torchrun's 8 processes each take an eighth of it.)
 """
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -45,17 +41,18 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import asdict, dataclass, field
 
 import torch
 
 import data
 import evaluate
-from configs import CONFIGS, parse_command_line, run_script
+from configs import CONFIGS, parse_command_line, resolve_device, run_script
 from model import (DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier, load_checkpoint,
                    save_hf)
-from pretrain import (build_optimizer, lr_at, remove_partial_saves, resolve_device, restore_training_state,
-                      setup_runtime, weights_are_sound)
+from pretrain import (build_optimizer, lr_at, remove_partial_saves, restore_training_state, setup_runtime,
+                      weights_are_sound)
 
 
 @dataclass(frozen=True)
@@ -88,21 +85,16 @@ TASKS = {
 @dataclass
 class FinetuneConfig:
     task: str = field(default="", metadata={"help": f"one of {', '.join(TASKS)}"})
-    init: str = field(default="", metadata={
-        "help": "the encoder: a pretrain.py checkpoint (.pt) or a Hugging Face RemBERT directory"})
-    config: str = field(default="", metadata={
-        "help": f"instead of --init: random weights of a configs.py model ({', '.join(CONFIGS)})"})
-    tokenizer: str = field(default="", metadata={
-        "help": "SentencePiece model (default: INIT/sentencepiece.model, or the one the checkpoint was trained with)"})
+    init: str = field(default="", metadata={"help": "the encoder: a pretrain.py checkpoint or a Hugging Face dir"})
+    config: str = field(default="", metadata={"help": f"instead of --init, random weights: {', '.join(CONFIGS)}"})
+    tokenizer: str = field(default="", metadata={"help": "SentencePiece model (default: the --init's)"})
     train: str = field(default="", metadata={"help": "the English training file"})
     train_fraction: float = field(default=1.0, metadata={
-        "help": "train on this first fraction of --train (articles for QA, lines or sentences otherwise) and "
-                "evaluate only the rest of every --eval file (they must be parallel to --train)"})
+        "help": "train on this first part of --train; evaluate the rest of every (parallel) --eval file"})
     max_train: int = field(default=0, metadata={"help": "use only the first N training examples (0: all)"})
     eval: list[str] = field(default_factory=list, metadata={
-        "help": "evaluation files, FILE or LANG=FILE (LANG defaults to the language code in the file's name or "
-                "folder; a file with a language column gives one set per language)"})
-    max_eval: int = field(default=0, metadata={"help": "evaluate only the first N examples of each language (0: all)"})
+        "help": "FILE or LANG=FILE (default LANG: the code in the file's name or folder, or its language column)"})
+    max_eval: int = field(default=0, metadata={"help": "evaluate only the first N examples per language (0: all)"})
     out_dir: str = field(default="out/finetune", metadata={"help": "fine-tuned models and results.json"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
     seq_len: int = field(default=0, metadata={"help": "pieces per sequence (0: 128, or 384 for QA)"})
@@ -115,39 +107,33 @@ class FinetuneConfig:
     eval_batch_size: int = field(default=64, metadata={"help": "evaluation sequences per process and step"})
     epochs: int = field(default=3, metadata={"help": "passes over the training data (Table 10: 3)"})
     lr: list[float] = field(default_factory=list, metadata={
-        "help": "peak learning rates, one run per rate and seed; the best (by the first metric's average) is "
-                "reported (default: the task's Table 10 sweep, or Table 15's rate for RemBERT)"})
+        "help": "peak learning rates, one run each, the best reported (default: Table 10's, or 15's for RemBERT)"})
     warmup_fraction: float = field(default=0.1, metadata={"help": "fraction of the steps spent warming up"})
     weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (not on biases, LayerNorm)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this"})
     dropout: float = field(default=0.1, metadata={"help": "dropout before the task's output layer"})
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={
-        "help": "one fine-tuning run per seed; the table averages them (the paper: 3)"})
+    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "one run per seed, averaged (paper: 3)"})
     keep_layers: int = field(default=0, metadata={"help": "keep only the encoder's first K layers (Figure 1; 0: all)"})
     log_every: int = field(default=20, metadata={"help": "steps between log lines"})
-    checkpoint_every: int = field(default=500, metadata={
-        "help": "steps between saves of the training state (also saved when training ends)"})
+    checkpoint_every: int = field(default=500, metadata={"help": "steps between saves of the training state"})
     resume: bool = field(default=False, metadata={
-        "help": "continue the runs in --out-dir: finished ones keep their scores, an interrupted one "
-                "continues from its last saved step"})
+        "help": "continue the runs in --out-dir: finished ones keep their scores, an interrupted one its state"})
 
     def __post_init__(self):
         if self.task not in TASKS:
             raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
-        if bool(self.init) == bool(self.config):
-            raise ValueError("pass exactly one of --init (a checkpoint or Hugging Face directory) and --config")
-        if self.config and self.config not in CONFIGS:
-            raise ValueError(f"--config must be one of {', '.join(CONFIGS)}, got {self.config!r}")
+        if bool(self.init) == bool(self.config) or (self.config and self.config not in CONFIGS):
+            raise ValueError(f"pass exactly one of --init (a checkpoint or Hugging Face directory) and --config "
+                             f"({', '.join(CONFIGS)})")
         if not self.train or not self.eval:
             raise ValueError("--train and --eval are required")
         if not 0.0 < self.train_fraction <= 1.0:
             raise ValueError(f"--train-fraction must be in (0, 1], got {self.train_fraction}")
-        for name in ("eval_batch_size", "epochs", "log_every", "checkpoint_every", "doc_stride", "max_query_length",
-                     "max_answer_length", "n_best", "seeds"):
-            if (min(self.seeds) < 0 if name == "seeds" else getattr(self, name) < 1):
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if min([self.batch_size, self.seq_len, self.max_train, self.max_eval, self.keep_layers, *self.lr]) < 0:
-            raise ValueError("--batch-size, --seq-len, --max-train, --max-eval, --keep-layers and --lr must be >= 0")
+        if min(self.eval_batch_size, self.epochs, self.log_every, self.checkpoint_every, self.doc_stride,
+               self.max_query_length, self.max_answer_length, self.n_best) < 1 or min(
+                [self.batch_size, self.seq_len, self.max_train, self.max_eval, self.keep_layers, *self.seeds, *self.lr]) < 0:
+            raise ValueError("sizes, counts, seeds and learning rates cannot be negative (the QA sizes, --epochs, "
+                             "--eval-batch-size, --log-every and --checkpoint-every not zero)")
         resolve_device(self.device)
 
 
@@ -173,22 +159,167 @@ class PredictConfig:
 
 
 # ----------------------------------------------------------------------------------------------
+# Features (static shapes: every row padded to seq_len) and their decoding
+
+def to_tensors(features, seq_len, pad_id):
+    """Features (dicts with "input_ids", "token_type_ids" and per-position lists or per-sequence ints such as
+    "labels", "start_positions") -> a dict of (N, seq_len) / (N,) long tensors, with "attention_mask".
+    Padding: pad_id in input_ids, 0 in token_type_ids, -100 (ignored by the loss) in other lists."""
+    n = len(features)
+    out = {"attention_mask": torch.zeros(n, seq_len, dtype=torch.long)}
+    for key in features[0]:
+        if isinstance(features[0][key], list):
+            out[key] = torch.full((n, seq_len), {"input_ids": pad_id, "token_type_ids": 0}.get(key, -100),
+                                  dtype=torch.long)
+            for i, f in enumerate(features):
+                out[key][i, :len(f[key])] = torch.tensor(f[key], dtype=torch.long)
+        else:
+            out[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
+    for i, f in enumerate(features):
+        out["attention_mask"][i, :len(f["input_ids"])] = 1
+    return out
+
+
+def pair_features(tokenizer, examples, labels, seq_len):
+    """[CLS] sentence1 [SEP] sentence2 [SEP], the longer sentence cut first (BERT's _truncate_seq_pair);
+    labels as indices into `labels` (-100 without a label)."""
+    features = []
+    for e in examples:
+        a, b = tokenizer.encode(e.sentence1), tokenizer.encode(e.sentence2)
+        while len(a) + len(b) > seq_len - 3:
+            (a if len(a) > len(b) else b).pop()
+        features.append({"input_ids": [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id],
+                         "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
+                         "labels": -100 if e.label is None else data.check_label(e.label, labels, e.source)})
+    return to_tensors(features, seq_len, tokenizer.pad_id)
+
+
+def tagging_features(tokenizer, examples, labels, seq_len):
+    """One row per sentence: [CLS] pieces of each word [SEP]. A word's label goes to its first piece; the
+    other pieces, [CLS], [SEP] and padding get -100. A word with no pieces gets [UNK]. Words past seq_len - 2
+    pieces are cut (a warning counts them; tagging_predictions gives them labels[0]). Without gold labels,
+    first pieces get label 0, so that tagging_predictions can still find the words (do not train on them)."""
+    features, cut = [], 0
+    for e in examples:
+        ids, row_labels = [tokenizer.cls_id], [-100]
+        for k, word in enumerate(e.tokens):
+            pieces = tokenizer.encode(word) or [tokenizer.unk_id]
+            if len(ids) + len(pieces) > seq_len - 1:
+                cut += len(e.tokens) - k
+                break
+            ids += pieces
+            row_labels += [0 if e.labels is None else data.check_label(e.labels[k], labels, e.source)]
+            row_labels += [-100] * (len(pieces) - 1)
+        features.append({"input_ids": ids + [tokenizer.sep_id], "token_type_ids": [0] * (len(ids) + 1),
+                         "labels": row_labels + [-100]})
+    if cut:
+        warnings.warn(f"{cut} words did not fit in {seq_len} pieces; they are predicted as {labels[0]!r}")
+    return to_tensors(features, seq_len, tokenizer.pad_id)
+
+
+def tagging_predictions(examples, tensors, predictions, labels):
+    """(N, T) predicted label indices -> one list of labels per example, one label per word: the prediction at
+    the word's first piece (where tensors["labels"] is not -100)."""
+    out = []
+    for e, gold, predicted in zip(examples, tensors["labels"], predictions):
+        words = [labels[i] for i in predicted[gold != -100].tolist()]
+        out.append(words + [labels[0]] * (len(e.tokens) - len(words)))
+    return out
+
+
+def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, training=False):
+    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP], the question cut
+    to max_query_length pieces, windows starting every doc_stride pieces. training=True adds start_positions /
+    end_positions (the first answer's pieces; 0, the [CLS], when the window does not hold it).
+    Returns (tensors, meta); meta[i] = {"example": index into examples, "offsets": (start, end) characters of
+    the context for each context position (None elsewhere), "max_context": [bool]} for decode_spans."""
+    features, meta = [], []
+    for index, e in enumerate(examples):
+        question = tokenizer.encode(e.question)[:max_query_length]
+        context_ids, offsets = tokenizer.encode_with_offsets(e.context)
+        room = seq_len - len(question) - 3
+        if room < 1:
+            raise DataError(f"{e.source}: seq_len {seq_len} leaves no room for the context")
+        if training:
+            if not e.answers or not e.answers[0]["text"]:
+                raise DataError(f"{e.source}: no answer to train on")
+            start_char = e.answers[0]["answer_start"]
+            end_char = start_char + len(e.answers[0]["text"])
+            # The answer's pieces: from the first piece ending after its start to the last starting before its end.
+            first = next((k for k, (_, end) in enumerate(offsets) if end > start_char), len(offsets))
+            last = max((k for k, (start, _) in enumerate(offsets) if start < end_char), default=-1)
+        windows, start = [], 0
+        while True:
+            windows.append((start, min(room, len(context_ids) - start)))
+            if start + room >= len(context_ids):
+                break
+            start += min(room, doc_stride)
+        for w_start, w_len in windows:
+            ids = [tokenizer.cls_id, *question, tokenizer.sep_id, *context_ids[w_start:w_start + w_len], tokenizer.sep_id]
+            shift = len(question) + 2  # position of the window's first piece
+            feature = {"input_ids": ids, "token_type_ids": [0] * shift + [1] * (w_len + 1)}
+            if training:
+                inside = w_start <= first and last < w_start + w_len and first <= last
+                feature["start_positions"] = first - w_start + shift if inside else 0
+                feature["end_positions"] = last - w_start + shift if inside else 0
+            features.append(feature)
+            position_offsets = [None] * len(ids)
+            position_offsets[shift:shift + w_len] = offsets[w_start:w_start + w_len]
+            max_context = [False] * len(ids)
+            for k in range(w_len):
+                max_context[shift + k] = _is_max_context(windows, (w_start, w_len), w_start + k)
+            meta.append({"example": index, "offsets": position_offsets, "max_context": max_context})
+    return to_tensors(features, seq_len, tokenizer.pad_id), meta
+
+
+def _is_max_context(windows, window, position):
+    """run_squad.py's _check_is_max_context: a piece in several windows counts in the one where it has the most
+    context, min(left, right) + 0.01 * window length."""
+    best, best_score = None, None
+    for w in windows:
+        if w[0] <= position < w[0] + w[1]:
+            score = min(position - w[0], w[0] + w[1] - 1 - position) + 0.01 * w[1]
+            if best_score is None or score > best_score:
+                best, best_score = w, score
+    return best == window
+
+
+def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer_length=30):
+    """run_squad.py's n-best decoding: for each example, over its windows, the n_best highest start and end
+    logits; pairs inside the context, end >= start, at most max_answer_length pieces, the start at its max
+    context; the best start + end logit wins. The answer is cut from the ORIGINAL context by character
+    offsets (no detokenization). Returns {question id: answer text} ("" when no span qualifies)."""
+    start_logits, end_logits = start_logits.float().cpu(), end_logits.float().cpu()
+    best = {}  # example index -> (score, text)
+    for i, m in enumerate(meta):
+        e = examples[m["example"]]
+        offsets = m["offsets"]
+        starts = torch.topk(start_logits[i], min(n_best, start_logits.shape[1])).indices.tolist()
+        ends = torch.topk(end_logits[i], min(n_best, end_logits.shape[1])).indices.tolist()
+        for s in starts:
+            if s >= len(offsets) or offsets[s] is None or not m["max_context"][s]:
+                continue
+            for t in ends:
+                if t >= len(offsets) or offsets[t] is None or t < s or t - s + 1 > max_answer_length:
+                    continue
+                score = float(start_logits[i, s] + end_logits[i, t])
+                if m["example"] not in best or score > best[m["example"]][0]:
+                    best[m["example"]] = (score, e.context[offsets[s][0]:offsets[t][1]])
+    return {e.id: best[k][1] if k in best else "" for k, e in enumerate(examples)}
+
+
+def features(task, tokenizer, examples, settings, training):
+    """-> (tensors: dict of (N, ...) tensors, each row one sequence; meta for `decode`)."""
+    if task.kind == "classification":
+        return pair_features(tokenizer, examples, task.labels, settings["seq_len"]), None
+    if task.kind == "tagging":
+        return tagging_features(tokenizer, examples, task.labels, settings["seq_len"]), None
+    return squad_features(tokenizer, examples, settings["seq_len"], settings["doc_stride"],
+                          settings["max_query_length"], training=training)
+
+
+# ----------------------------------------------------------------------------------------------
 # The model: an encoder from a checkpoint, a HF directory or random weights, plus the task's head
-
-def encoder_shape(cfg):
-    """(layers, hidden size) of the encoder that --init or --config names."""
-    if cfg.config:
-        return CONFIGS[cfg.config].num_layers, CONFIGS[cfg.config].hidden_size
-    if os.path.isdir(cfg.init):
-        try:
-            with open(os.path.join(cfg.init, "config.json")) as f:
-                hf = json.load(f)
-        except ValueError as e:
-            raise DataError(f"{cfg.init}/config.json: {e}") from None
-        return hf.get("num_hidden_layers"), hf.get("hidden_size")
-    config = load_checkpoint(cfg.init)["config"]
-    return config["num_layers"], config["hidden_size"]
-
 
 def tokenizer_path(cfg):
     if cfg.tokenizer:
@@ -210,9 +341,9 @@ def build_encoder(cfg, log):
     else:
         model = MaskedLM.from_checkpoint(cfg.init)
         encoder = model.encoder
-        dropped = sum(p.numel() for p in model.parameters()) - sum(p.numel() for p in encoder.parameters())
-        log(f"{cfg.init}: kept the encoder ({sum(p.numel() for p in encoder.parameters()):,} parameters); dropped "
-            f"{dropped:,} ({model.config.pretraining_only_layers} pre-training-only layers + the MLM head)")
+        kept = sum(p.numel() for p in encoder.parameters())
+        log(f"{cfg.init}: kept the encoder ({kept:,} parameters); dropped {sum(p.numel() for p in model.parameters()) - kept:,}"
+            f" ({model.config.pretraining_only_layers} pre-training-only layers + the MLM head)")
     if cfg.keep_layers:
         if cfg.keep_layers > encoder.config.num_layers:
             raise DataError(f"--keep-layers {cfg.keep_layers}: the encoder has {encoder.config.num_layers} layers")
@@ -242,10 +373,9 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     files' digests, written last: a directory with it is complete)."""
     save_hf(model, path)
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
-    info = {"task": cfg.task, "seq_len": cfg.seq_len, "doc_stride": cfg.doc_stride,
-            "max_query_length": cfg.max_query_length, "max_answer_length": cfg.max_answer_length,
-            "n_best": cfg.n_best, "sha256": {name: sha256(os.path.join(path, name))
-                                             for name in ("model.safetensors", "sentencepiece.model")}}
+    info = {k: getattr(cfg, k) for k in ("task", "seq_len", "doc_stride", "max_query_length", "max_answer_length",
+                                         "n_best")}
+    info["sha256"] = {name: sha256(os.path.join(path, name)) for name in ("model.safetensors", "sentencepiece.model")}
     with open(os.path.join(path, "finetune.json.tmp"), "w") as f:
         json.dump(info, f, indent=2)
     os.replace(os.path.join(path, "finetune.json.tmp"), os.path.join(path, "finetune.json"))
@@ -271,7 +401,7 @@ def load_finetuned(path):
 
 
 # ----------------------------------------------------------------------------------------------
-# Task data (data.py does the reading, the features and the span decoding)
+# Task files: English training data, evaluation sets by language
 
 def read_examples(task, path, labelled=True):
     """The file's examples; labelled=True (training and evaluation) refuses one without labels or answers."""
@@ -301,44 +431,6 @@ def by_language(examples, spec):
     raise DataError(f"--eval {spec}: cannot tell the language from the file's name; write it as LANG=FILE")
 
 
-def features(task, tokenizer, examples, settings, training):
-    """-> (tensors: dict of (N, ...) tensors, each row one sequence; meta for `decode`)."""
-    if task.kind == "classification":
-        return data.pair_features(tokenizer, examples, task.labels, settings["seq_len"]), None
-    if task.kind == "tagging":
-        return data.tagging_features(tokenizer, examples, task.labels, settings["seq_len"]), None
-    return data.squad_features(tokenizer, examples, settings["seq_len"], settings["doc_stride"],
-                               settings["max_query_length"], training=training)
-
-
-def decode(task, examples, tensors, meta, outputs, settings):
-    """Model outputs (one row per sequence) -> one prediction per example: a label, a list of tags, or
-    (QA) the answer text; returned as a list aligned with `examples`."""
-    if task.kind == "classification":
-        return [task.labels[i] for i in outputs[0].argmax(-1).tolist()]
-    if task.kind == "tagging":
-        return data.tagging_predictions(examples, tensors, outputs[0].argmax(-1), task.labels)
-    answers = data.decode_spans(examples, meta, outputs[0], outputs[1], settings["n_best"],
-                                settings["max_answer_length"])
-    return [answers[e.id] for e in examples]
-
-
-def score(task_name, lang, examples, predictions):
-    """The official figures (percent) of evaluate.py for one language's examples."""
-    kind = TASKS[task_name].kind
-    if kind == "classification":
-        result = evaluate.accuracy([e.label for e in examples], predictions)
-    elif task_name == "panx":
-        result = evaluate.ner_scores([e.labels for e in examples], predictions)
-    elif kind == "tagging":
-        result = evaluate.pos_scores([e.labels for e in examples], predictions)
-    else:
-        dataset = [{"paragraphs": [{"qas": [{"id": e.id, "answers": e.answers} for e in examples]}]}]
-        result = evaluate.qa_scores(dataset, {e.id: p for e, p in zip(examples, predictions)},
-                                    lang if task_name == "mlqa" else None)
-    return {m: result[m] for m in TASKS[task_name].metrics}
-
-
 def split_train(task, examples, fraction):
     """The first `fraction` of the training file: whole articles for QA (a context never lands on
     both sides), else lines/sentences. Returns (train examples, held_out(index, example) -> bool)."""
@@ -358,8 +450,7 @@ def eval_sets(cfg, task, held_out):
     """{language: examples} of the --eval files, without what --train-fraction trained on."""
     sets = {}
     for spec in cfg.eval:
-        path = spec.split("=", 1)[-1]
-        for lang, examples in by_language(read_examples(task, path), spec).items():
+        for lang, examples in by_language(read_examples(task, spec.split("=", 1)[-1]), spec).items():
             if lang in sets:
                 raise DataError(f"--eval: two sets for {lang!r}; name them LANG=FILE")
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]
@@ -378,12 +469,10 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
     """Fine-tune `model` in place. Every --checkpoint-every steps and at the end, the training state
     (weights, optimizer, step, each process's RNG) goes to `state_path`, written atomically; when that
     file exists, training continues from it and ends with the weights an uninterrupted run has."""
-    n = tensors["input_ids"].shape[0]
-    per_step = cfg.batch_size
+    n, per_step = tensors["input_ids"].shape[0], cfg.batch_size
     if per_step % runtime.world_size:
         raise DataError(f"--batch-size {per_step} does not split over {runtime.world_size} processes")
-    per_process = per_step // runtime.world_size
-    steps_per_epoch = n // per_step
+    per_process, steps_per_epoch = per_step // runtime.world_size, n // per_step
     if steps_per_epoch == 0:
         raise DataError(f"{n} training sequences are fewer than one batch ({per_step}); lower --batch-size")
     total = steps_per_epoch * cfg.epochs
@@ -403,8 +492,7 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
             order = torch.randperm(n, generator=generator)
             for step in range(max(0, first - epoch * steps_per_epoch), steps_per_epoch):
                 start = step * per_step + runtime.rank * per_process
-                rows = order[start:start + per_process]
-                yield {k: v[rows] for k, v in tensors.items()}
+                yield {k: v[order[start:start + per_process]] for k, v in tensors.items()}
 
     log(f"training: {n} sequences, {total} steps of {per_step} ({steps_per_epoch} per epoch), "
         f"lr {lr:g}, warm-up {warmup}")
@@ -421,10 +509,9 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
         optimizer.zero_grad(set_to_none=True)
         stats += torch.stack([loss.detach().float(), torch.ones((), device=runtime.device)])
         checkpoint = (step + 1) % cfg.checkpoint_every == 0 or step + 1 == total
-        logging = (step + 1) % cfg.log_every == 0 or step + 1 == total
-        if not (checkpoint or logging):
+        if not (checkpoint or (step + 1) % cfg.log_every == 0):
             continue
-        # The host sync: the loss is checked before every save, so no saved state holds a bad step.
+        # The host sync: the loss is checked at every log line, the weights too before every save.
         loss_sum, count = runtime.all_reduce_sum(stats.clone()).tolist()
         stats.zero_()
         if not math.isfinite(loss_sum):
@@ -432,16 +519,13 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
         if checkpoint:
             if not weights_are_sound(model, batch, runtime):
                 raise FloatingPointError(f"the update of step {step + 1} broke the weights; try a lower --lr")
-            state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1,
-                     "rng": runtime.gather_object(runtime.rng_state())}
-            runtime.save(state, state_path)
-        if logging:
-            now = time.time()
-            speed = (step + 1 - last_step) * per_step / (now - last_log)
-            log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} "
-                f"| lr {lr_at(step, warmup, total, lr):.2e} | {speed:.1f} seq/s "
-                f"| left {(total - step - 1) * per_step / speed / 60:.1f} min")
-            last_log, last_step = now, step + 1
+            runtime.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1,
+                          "rng": runtime.gather_object(runtime.rng_state())}, state_path)
+        now = time.time()
+        speed = (step + 1 - last_step) * per_step / (now - last_log)
+        log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, lr):.2e} "
+            f"| {speed:.1f} seq/s | left {(total - step - 1) * per_step / speed / 60:.1f} min")
+        last_log, last_step = now, step + 1
     return model
 
 
@@ -470,8 +554,14 @@ def predict(model, tensors, batch_size, runtime):
 
 
 def predict_examples(model, tokenizer, task, examples, settings, batch_size, runtime):
+    """A label or tag list per example, or (QA) {question id: answer text}."""
     tensors, meta = features(task, tokenizer, examples, settings, training=False)
-    return decode(task, examples, tensors, meta, predict(model, tensors, batch_size, runtime), settings)
+    outputs = predict(model, tensors, batch_size, runtime)
+    if task.kind == "classification":
+        return [task.labels[i] for i in outputs[0].argmax(-1).tolist()]
+    if task.kind == "tagging":
+        return tagging_predictions(examples, tensors, outputs[0].argmax(-1), task.labels)
+    return decode_spans(examples, meta, *outputs, settings["n_best"], settings["max_answer_length"])
 
 
 def predict_file(cfg):
@@ -487,7 +577,7 @@ def predict_file(cfg):
     predictions = predict_examples(model.to(runtime.device), tokenizer, task, examples, info, cfg.batch_size, runtime)
     with open(cfg.output, "w", encoding="utf-8") as f:
         if task.kind == "qa":
-            json.dump({e.id: p for e, p in zip(examples, predictions)}, f, ensure_ascii=False)
+            json.dump(predictions, f, ensure_ascii=False)
         elif task.kind == "tagging":
             f.write("\n".join("".join(f"{token}\t{tag}\n" for token, tag in zip(e.tokens, tags))
                               for e, tags in zip(examples, predictions)))
@@ -498,11 +588,28 @@ def predict_file(cfg):
 # ----------------------------------------------------------------------------------------------
 # The zero-shot table
 
+def with_defaults(cfg, encoder_config, log):
+    """Appendix A.3's defaults for what --lr, --batch-size and --seq-len leave open: Table 10's learning-rate
+    sweep at batch 32, or for an encoder of RemBERT's shape Table 15's rate and batch; said, not silent."""
+    task, rembert = TASKS[cfg.task], CONFIGS["rembert"]
+    if (encoder_config.hidden_size, encoder_config.intermediate_size) == (rembert.hidden_size, rembert.intermediate_size):
+        lrs, batch_size, source = [task.rembert[0]], task.rembert[1], "Table 15's, for an encoder of RemBERT's shape"
+    else:
+        lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
+    log(f"defaults: {source}: learning rates {', '.join(f'{lr:g}' for lr in lrs)}, batch {batch_size}"
+        + (f" (overridden: --lr {cfg.lr} --batch-size {cfg.batch_size})" if cfg.lr or cfg.batch_size else ""))
+    return dataclasses.replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size,
+                               seq_len=cfg.seq_len or task.seq_len)
+
+
 def check_out_dir(cfg, runtime, log):
     """A fresh --out-dir records the training settings; one that holds runs needs --resume and the same
     settings, so that resumed and reused runs are runs of this command."""
     path = os.path.join(cfg.out_dir, "finetune-config.json")
     ours = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING}
+    for key in ("init", "tokenizer", "train"):  # a file however it is spelled: relative, absolute, via a link
+        ours[key] = ours[key] and os.path.realpath(ours[key])
+    ours["eval"] = [re.sub(r"[^=]+$", lambda m: os.path.realpath(m.group()), spec) for spec in cfg.eval]
     if not os.path.exists(path):
         if runtime.is_main:
             os.makedirs(cfg.out_dir, exist_ok=True)
@@ -536,30 +643,20 @@ def average(rows):
     return {m: sum(r[m] for r in rows) / len(rows) for m in rows[0]}
 
 
-def with_defaults(cfg, log):
-    """Appendix A.3's defaults for what --lr, --batch-size and --seq-len leave open: Table 10's learning-rate
-    sweep at batch 32, or for an encoder of RemBERT's shape Table 15's rate and batch; said, not silent."""
-    task, rembert = TASKS[cfg.task], CONFIGS["rembert"]
-    if encoder_shape(cfg) == (rembert.num_layers, rembert.hidden_size):
-        lrs, batch_size, source = [task.rembert[0]], task.rembert[1], "Table 15's, for an encoder of RemBERT's shape"
-    else:
-        lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
-    log(f"defaults: {source}: learning rates {', '.join(f'{lr:g}' for lr in lrs)}, batch {batch_size}"
-        + (f" (overridden: --lr {cfg.lr} --batch-size {cfg.batch_size})" if cfg.lr or cfg.batch_size else ""))
-    return dataclasses.replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size,
-                               seq_len=cfg.seq_len or task.seq_len)
-
-
 def run(cfg):
     runtime = setup_runtime(cfg.device)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     task = TASKS[cfg.task]
-    cfg = with_defaults(cfg, log)
+    base = build_encoder(cfg, log)  # read once; every run starts from a copy (from fresh weights with --config)
+    cfg = with_defaults(cfg, base.config, log)
     log(f"finetune config: {asdict(cfg)}")
     settings = {k: getattr(cfg, k) for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
     tokenizer_file = tokenizer_path(cfg)
     tokenizer = data.Tokenizer(tokenizer_file)
+    if tokenizer.vocab_size > base.config.vocab_size:
+        raise DataError(f"{tokenizer_file} has {tokenizer.vocab_size} pieces, more than the model's vocab_size "
+                        f"{base.config.vocab_size}: not the model's tokenizer")
 
     examples = read_examples(task, cfg.train)
     if len({getattr(e, "language", None) for e in examples}) > 1:
@@ -583,19 +680,16 @@ def run(cfg):
                     sweep[lr][seed] = json.load(f)
                 log(f"{run_dir} was finished before; its scores are reused")
                 continue
-            torch.manual_seed(seed)  # the head's initialisation and dropout
-            encoder = build_encoder(cfg, log)
-            if tokenizer.vocab_size > encoder.config.vocab_size:
-                raise DataError(f"{tokenizer_file} has {tokenizer.vocab_size} pieces, more than the model's "
-                                f"vocab_size {encoder.config.vocab_size}: not the model's tokenizer")
-            model = build_model(task, encoder, cfg.dropout)
+            torch.manual_seed(seed)  # the head's initialisation (the encoder's with --config) and dropout
+            model = build_model(task, Encoder(base.config) if cfg.config else copy.deepcopy(base), cfg.dropout)
             if runtime.is_main:
                 os.makedirs(run_dir, exist_ok=True)
             train(model, train_tensors, cfg, lr, runtime, seed, log, os.path.join(run_dir, "train-state.pt"))
-            scores = {lang: score(cfg.task, lang, examples,
-                                  predict_examples(model, tokenizer, task, examples, settings,
-                                                   cfg.eval_batch_size, runtime))
-                      for lang, examples in evals.items()}
+            scores = {}
+            for lang, examples in evals.items():
+                predicted = predict_examples(model, tokenizer, task, examples, settings, cfg.eval_batch_size, runtime)
+                result = evaluate.task_scores(cfg.task, examples, predicted, lang)
+                scores[lang] = {m: result[m] for m in task.metrics}
             scores["average"] = average(list(scores.values()))
             sweep[lr][seed] = scores
             print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
@@ -633,8 +727,7 @@ def _launched(index, cfg):  # torch_xla.launch passes the process index first
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["predict"]:
-        _, cfg = parse_command_line(__doc__, {"predict": PredictConfig}, argv)
-        return predict_file(cfg)
+        return predict_file(parse_command_line(__doc__, {"predict": PredictConfig}, argv)[1])
     _, cfg = parse_command_line(__doc__, FinetuneConfig, argv)
     if resolve_device(cfg.device) == "xla":
         import torch_xla

@@ -58,21 +58,15 @@ class ModelConfig:
     def __post_init__(self):
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.type is int and (not isinstance(value, int) or isinstance(value, bool)):
-                raise ValueError(f"ModelConfig.{f.name} must be an int, got {value!r}")
-        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                     "input_embedding_size", "output_embedding_size", "max_position_embeddings", "type_vocab_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"ModelConfig.{name} must be positive, got {getattr(self, name)}")
-        if self.pretraining_only_layers < 0:
-            raise ValueError(f"ModelConfig.pretraining_only_layers must be >= 0, got {self.pretraining_only_layers}")
+            if f.type is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0
+                                  or (value == 0 and f.name != "pretraining_only_layers")):
+                raise ValueError(f"ModelConfig.{f.name} must be a positive int, got {value!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.tie_embeddings and self.input_embedding_size != self.output_embedding_size:
-            raise ValueError(
-                f"tie_embeddings=True shares one matrix between input and output, so it needs "
-                f"input_embedding_size == output_embedding_size (got {self.input_embedding_size} and "
-                f"{self.output_embedding_size}); set tie_embeddings=False to decouple them")
+            raise ValueError(f"tie_embeddings shares one matrix between input and output, so it needs "
+                             f"input_embedding_size == output_embedding_size (got {self.input_embedding_size} and "
+                             f"{self.output_embedding_size})")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
 
@@ -363,18 +357,19 @@ def load_checkpoint(path):
 # ----------------------------------------------------------------------------------------------
 # The Hugging Face layout (transformers' RemBERT), both ways. Our names -> theirs, per module:
 
-_HF_ENCODER = {"embeddings.word_embeddings": "embeddings.word_embeddings",
-               "embeddings.position_embeddings": "embeddings.position_embeddings",
-               "embeddings.token_type_embeddings": "embeddings.token_type_embeddings",
-               "embeddings.norm": "embeddings.LayerNorm",
-               "embedding_projection": "encoder.embedding_hidden_mapping_in",
-               "pooler": "pooler.dense"}
+_HF_ENCODER = {"embeddings.norm": "embeddings.LayerNorm", "embedding_projection": "encoder.embedding_hidden_mapping_in",
+               "pooler": "pooler.dense"}  # the embedding tables have the same names
 _HF_LAYER = {"attention.query": "attention.self.query", "attention.key": "attention.self.key",
              "attention.value": "attention.self.value", "attention.out": "attention.output.dense",
              "attention_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
              "output": "output.dense", "output_norm": "output.LayerNorm"}
 _HF_HEAD = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
 _HF_PROJECTION = "encoder.embedding_hidden_mapping_in."
+_HF_CONFIG = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+              "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+              "input_embedding_size": "input_embedding_size", "output_embedding_size": "output_embedding_size",
+              "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+              "layer_norm_eps": "layer_norm_eps", "dropout": "hidden_dropout_prob"}
 
 
 def hf_name(name, table=_HF_ENCODER):
@@ -384,7 +379,7 @@ def hf_name(name, table=_HF_ENCODER):
     if module.startswith("layers."):
         _, i, rest = module.split(".", 2)
         return f"encoder.layer.{i}.{_HF_LAYER[rest]}.{parameter}"
-    return f"{table[module]}.{parameter}"
+    return f"{table.get(module, module)}.{parameter}"
 
 
 def _read_hf(path):
@@ -392,20 +387,13 @@ def _read_hf(path):
     try:
         with open(os.path.join(path, "config.json")) as f:
             hf = json.load(f)
-        config = ModelConfig(
-            vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
-            num_heads=hf["num_attention_heads"], intermediate_size=hf["intermediate_size"],
-            input_embedding_size=hf["input_embedding_size"], output_embedding_size=hf["output_embedding_size"],
-            max_position_embeddings=hf["max_position_embeddings"], type_vocab_size=hf["type_vocab_size"],
-            layer_norm_eps=hf["layer_norm_eps"], dropout=hf.get("hidden_dropout_prob", 0.0))
+        config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items()})
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
     if hf.get("hidden_act", "gelu") != "gelu":
         raise DataError(f"{path}/config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'gelu')")
     if hf.get("tie_word_embeddings", False):
         raise DataError(f"{path}/config.json: tie_word_embeddings=true is not RemBERT's layout")
-    if hf.get("hidden_dropout_prob", 0.0) != hf.get("attention_probs_dropout_prob", 0.0):
-        warnings.warn(f"{path}/config.json: hidden and attention dropout differ; using hidden_dropout_prob")
     if os.path.exists(os.path.join(path, "model.safetensors")):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -442,10 +430,9 @@ def _load_hf_encoder(encoder, state, path):
     if encoder.config.input_embedding_size == encoder.config.hidden_size:
         # transformers always projects E_in to H; with E_in == H this model does not, which is the
         # same computation only when the stored projection is the identity (as save_hf writes it).
-        weight, bias = state.get(_HF_PROJECTION + "weight"), state.get(_HF_PROJECTION + "bias")
-        identity = (weight is not None and bias is not None and not bias.any()
-                    and torch.equal(weight, torch.eye(len(weight), dtype=weight.dtype)))
-        if not identity:
+        H = encoder.config.hidden_size
+        weight, bias = state.get(_HF_PROJECTION + "weight", torch.empty(0)), state.get(_HF_PROJECTION + "bias")
+        if not (torch.equal(weight, torch.eye(H, dtype=weight.dtype)) and torch.equal(bias, torch.zeros_like(bias))):
             raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
                             f"the identity; this implementation has no projection when E_in == H")
     _copy_tensors(encoder, state, names, path)
@@ -457,20 +444,17 @@ def save_hf(model, path):
     RemBertForMaskedLM (its pre-training-only layers have no place there and are refused), an
     Encoder as RemBertModel, a task head as the matching RemBertFor... class."""
     from safetensors.torch import save_file
-    extra = {}
     if isinstance(model, MaskedLM):
         if model.config.pretraining_only_layers:
-            raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; "
-                             "export model.encoder instead")
+            raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; export model.encoder")
         architecture, encoder, prefix = "RemBertForMaskedLM", model.encoder, "rembert."
         extra = {"cls.predictions." + hf_name(name, _HF_HEAD): t for name, t in model.head.state_dict().items()}
     elif isinstance(model, Encoder):
-        architecture, encoder, prefix = "RemBertModel", model, ""
+        architecture, encoder, prefix, extra = "RemBertModel", model, "", {}
     elif isinstance(model, (SequenceClassifier, TokenClassifier, SpanExtractor)):
-        architecture = {SequenceClassifier: "RemBertForSequenceClassification",
-                        TokenClassifier: "RemBertForTokenClassification",
-                        SpanExtractor: "RemBertForQuestionAnswering"}[type(model)]
-        encoder, prefix = model.encoder, "rembert."
+        task = {SequenceClassifier: "SequenceClassification", TokenClassifier: "TokenClassification",
+                SpanExtractor: "QuestionAnswering"}[type(model)]
+        architecture, encoder, prefix = f"RemBertFor{task}", model.encoder, "rembert."
         head = "qa_outputs" if isinstance(model, SpanExtractor) else "classifier"
         extra = {f"{head}.{name}": t for name, t in getattr(model, head).state_dict().items()}
     else:
@@ -481,17 +465,9 @@ def save_hf(model, path):
         state[prefix + _HF_PROJECTION + "weight"] = torch.eye(config.hidden_size)
         state[prefix + _HF_PROJECTION + "bias"] = torch.zeros(config.hidden_size)
     state.update(extra)
-    hf_config = {
-        "architectures": [architecture], "model_type": "rembert",
-        "vocab_size": config.vocab_size, "hidden_size": config.hidden_size,
-        "num_hidden_layers": config.num_layers, "num_attention_heads": config.num_heads,
-        "intermediate_size": config.intermediate_size, "input_embedding_size": config.input_embedding_size,
-        "output_embedding_size": config.output_embedding_size, "hidden_act": "gelu",
-        "hidden_dropout_prob": config.dropout, "attention_probs_dropout_prob": config.dropout,
-        "max_position_embeddings": config.max_position_embeddings, "type_vocab_size": config.type_vocab_size,
-        "layer_norm_eps": config.layer_norm_eps, "initializer_range": 0.02, "pad_token_id": 0,
-        "tie_word_embeddings": False,
-    }
+    hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
+    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu", tie_word_embeddings=False,
+                     attention_probs_dropout_prob=config.dropout, initializer_range=0.02, pad_token_id=0)
     if isinstance(model, (SequenceClassifier, TokenClassifier)):
         hf_config["num_labels"] = model.classifier.out_features
     os.makedirs(path, exist_ok=True)

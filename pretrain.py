@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configs import CONFIGS, ArgumentParser, add_flags, build, parse_flags, run_script
+from configs import CONFIGS, ArgumentParser, add_flags, build, parse_flags, resolve_device, run_script
 from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
 from model import DataError, MaskedLM, ModelConfig, count_parameters, load_checkpoint
 
@@ -234,23 +234,6 @@ class Runtime:
             if isinstance(e, (OSError, RuntimeError)):
                 raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from e
             raise
-
-
-def resolve_device(device):
-    """auto -> cuda if torch sees a GPU, else xla if PJRT_DEVICE is set (TPU VM), else cpu."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
-    if device not in ("cpu", "cuda", "xla"):
-        raise ValueError(f"--device must be auto, cpu, cuda or xla, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch sees no CUDA GPU (a CPU-only build of torch, or no driver?)")
-    if device == "xla":
-        try:
-            import torch_xla  # noqa: F401
-        except ImportError:
-            raise ValueError("--device xla needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0 "
-                             "(with PJRT_DEVICE=TPU on a TPU VM, or CPU to try it)") from None
-    return device
 
 
 def setup_runtime(device="auto"):

@@ -613,15 +613,15 @@ def test_load_masked_lm_checkpoint(tmp_path):
     from model import MaskedLM
     model = MaskedLM(tiny_config())
     torch.save({"model": model.state_dict(), "config": asdict(model.config), "step": 1}, tmp_path / "ckpt.pt")
-    loaded = evaluate.load_masked_lm(tmp_path / "ckpt.pt")
+    loaded = MaskedLM.from_checkpoint(tmp_path / "ckpt.pt")
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor)
     torch.save({"model": model.state_dict(), "config": asdict(tiny_config(hidden_size=16))}, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="bad.pt: the weights do not fit"):
-        evaluate.load_masked_lm(tmp_path / "bad.pt")
+        MaskedLM.from_checkpoint(tmp_path / "bad.pt")
     torch.save({"model": model.state_dict()}, tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="not a pretrain.py checkpoint"):
-        evaluate.load_masked_lm(tmp_path / "bad.pt")
+        MaskedLM.from_checkpoint(tmp_path / "bad.pt")
 
 
 def test_read_parallel(tmp_path):
@@ -633,5 +633,5 @@ def test_read_parallel(tmp_path):
     contexts = evaluate.read_parallel(source, target, unit="contexts")
     assert len(contexts[0]) == 240 and contexts[0][0].startswith("The Panthers defense")
     lines = write(tmp_path / "a.txt", "one\ntwo\n"), write(tmp_path / "b.txt", "eins\n")
-    with pytest.raises(ValueError, match="2 lines but"):
+    with pytest.raises(ValueError, match="not parallel: 2 and 1 sentences"):
         evaluate.read_parallel(*lines)

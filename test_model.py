@@ -313,9 +313,9 @@ def test_heads_train_on_a_toy_task():
 @pytest.mark.parametrize("changes, message", [
     (dict(num_heads=5), "not divisible by num_heads"),
     (dict(tie_embeddings=True), "input_embedding_size == output_embedding_size"),
-    (dict(num_layers=0), "num_layers must be positive"),
+    (dict(num_layers=0), "num_layers must be a positive int"),
     (dict(pretraining_only_layers=-1), "pretraining_only_layers"),
-    (dict(hidden_size=32.0), "hidden_size must be an int"),
+    (dict(hidden_size=32.0), "hidden_size must be a positive int"),
     (dict(dropout=1.0), "dropout"),
 ])
 def test_impossible_configs_fail_clearly(changes, message):

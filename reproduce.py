@@ -1,0 +1,287 @@
+r"""The paper's findings at laptop scale, in one command: small models that differ only in their
+embeddings, pre-trained on the same multilingual text for the same number of tokens, then compared as
+"Rethinking Embedding Coupling in Pre-trained Language Models" compares them (Chung et al., ICLR 2021):
+
+  coupling (Table 2)        coupled vs decoupled input and output embeddings, E_in = E_out = H;
+  output size (Table 4)     E_in small and fixed, E_out = H/4, H and 4H;
+  extra layers (Table 5)    E_out = H/4 plus pre-training-only layers of about E_out = H's parameters;
+
+each with --seeds seeds, measured by held-out masked-LM accuracy (Table 8), zero-shot cross-lingual
+transfer (fine-tuned on English, evaluated on the other languages) on PAN-X and XNLI (Tables 2, 4, 5),
+PAN-X transfer with the last layers removed before fine-tuning (Figure 1), and per-layer
+nearest-neighbour en->de translation accuracy on XQuAD's parallel questions (Figure 2). The grid is
+fixed beforehand (PRESETS); nothing in it was chosen by looking at its results.
+
+It writes to --out-dir: results.json (every number of every seed, written after each model, so an
+interrupted run continues where it stopped), results.md (mean ± standard deviation over seeds, beside
+the paper's figures), figure1.png and figure2.png (matplotlib). Data: --data (default
+../shared/data/corpus: Tatoeba's 113 languages and two novels; a tenth of every file is held out for
+Table 8) and --tasks (default ../shared/data: PAN-X, XNLI, XQuAD).
+
+  python reproduce.py                            # the cpu preset: about an hour on 2 CPU cores
+  python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, a few minutes
+  python reproduce.py --device cuda              # the gpu preset: larger models, longer pre-training
+"""
+
+import contextlib
+import glob
+import importlib.util
+import itertools
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import data
+import evaluate
+import finetune
+import pretrain
+from configs import parse_command_line, resolve_device, run_script
+from model import DataError, MaskedLM, ModelConfig, count_parameters
+
+SHARED = Path(__file__).resolve().parent.parent / "shared" / "data"
+PANX_LANGS = ("de", "en", "es", "nl", "pl", "ru")
+XNLI_LANGS = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh")
+
+
+@dataclass(frozen=True)
+class Preset:
+    hidden: int  # H
+    layers: int
+    heads: int
+    small: int  # the small E_in (and E_out) of the output-size and extra-layer models: H/4
+    extra_layers: int  # pre-training-only layers on top (the paper: 11, about E_out 768's parameters)
+    vocab: int
+    seq_len: int
+    batch_size: int
+    steps: int
+    lr: float
+    finetune_lr: float
+    epochs: int
+    max_train: int  # fine-tuning examples (0: all)
+    max_eval: int  # evaluation examples per language (0: all)
+    figure1_layers: tuple  # the layers kept for Figure 1
+    probe_pairs: int  # parallel questions for Figure 2 (0: all 1190)
+    seeds: int
+
+
+PRESETS = {
+    "quick": Preset(hidden=64, layers=2, heads=2, small=16, extra_layers=2, vocab=2000, seq_len=64, batch_size=16,
+                    steps=40, lr=2e-3, finetune_lr=5e-4, epochs=1, max_train=160, max_eval=40, figure1_layers=(1,),
+                    probe_pairs=200, seeds=1),
+    # Its rate and length were set on the decoupled model alone, before any comparison ran, so that its
+    # masked-LM loss falls below the corpus's unigram entropy (7.3 nats) within the time budget.
+    "cpu": Preset(hidden=64, layers=4, heads=2, small=16, extra_layers=4, vocab=8000, seq_len=128, batch_size=32,
+                  steps=450, lr=2e-3, finetune_lr=5e-4, epochs=3, max_train=0, max_eval=0, figure1_layers=(1, 2, 3),
+                  probe_pairs=0, seeds=3),
+    "gpu": Preset(hidden=256, layers=6, heads=4, small=64, extra_layers=6, vocab=16000, seq_len=128, batch_size=128,
+                  steps=6000, lr=1e-3, finetune_lr=2e-4, epochs=3, max_train=0, max_eval=0,
+                  figure1_layers=(1, 2, 3, 4, 5), probe_pairs=0, seeds=3),
+}
+
+
+def models(p):
+    """The compared models by name: ModelConfig of one shape, differing in their embeddings only."""
+    base = ModelConfig(vocab_size=p.vocab, hidden_size=p.hidden, num_layers=p.layers, num_heads=p.heads,
+                       intermediate_size=4 * p.hidden, input_embedding_size=p.hidden, output_embedding_size=p.hidden,
+                       dropout=0.0)
+    small = replace(base, input_embedding_size=p.small)
+    return {"coupled": replace(base, tie_embeddings=True), "decoupled": base,
+            f"E_out {p.small}": replace(small, output_embedding_size=p.small),
+            f"E_out {p.hidden}": small,
+            f"E_out {4 * p.hidden}": replace(small, output_embedding_size=4 * p.hidden),
+            f"E_out {p.small} + {p.extra_layers} layers": replace(small, output_embedding_size=p.small,
+                                                                  pretraining_only_layers=p.extra_layers)}
+
+
+# The paper's rows beside ours (mBERT-sized, 26B tokens): (row, XNLI accuracy, NER F1, MLM accuracy of Table 8),
+# in the order of models(): Tables 2, 4, 5 and 8.
+PAPER = [("Table 2, coupled (E 768)", 70.7, 69.2, 61.1), ("Table 2, decoupled (E 768)", 71.3, 68.9, 61.6),
+         ("Table 4, E_out 128", 68.1, 65.2, 59.0), ("Table 4, E_out 768", 70.4, 67.6, 60.7),
+         ("Table 4, E_out 3072", 71.1, 68.1, 62.3), ("Table 5, E_out 128 + 11 layers", 71.2, 67.3, None)]
+
+
+@dataclass
+class ReproduceConfig:
+    data: str = field(default=str(SHARED / "corpus"), metadata={"help": "pre-training text: a directory of *.txt "
+                                                                        "files (searched recursively)"})
+    tasks: str = field(default=str(SHARED), metadata={"help": "the task data: ner/panx, xnli, xquad as in ../shared/data"})
+    out_dir: str = field(default="out/reproduce", metadata={"help": "results, plots and every model"})
+    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda (cuda runs the gpu preset)"})
+    quick: bool = field(default=False, metadata={"help": "the tiny preset: the whole pipeline in a few minutes"})
+    seeds: int = field(default=0, metadata={"help": "seeds per model (0: the preset's)"})
+
+    def __post_init__(self):
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("reproduce.py draws its figures with matplotlib: pip install matplotlib")
+        resolve_device(self.device)
+
+
+def split_corpus(source, out):
+    """Copies of the corpus's files under out/train and out/heldout: a tenth of each file's lines (its last
+    ones, at least one) held out for the masked-LM accuracy of Table 8."""
+    files = sorted(glob.glob(os.path.join(source, "**", "*.txt"), recursive=True))
+    if not files:
+        raise DataError(f"{source}: no *.txt files in it or below it")
+    names = [os.path.basename(f) for f in files]
+    if len(set(names)) < len(names):
+        raise DataError(f"{source}: two files have the same name; the language is read from the name")
+    for part in ("train", "heldout"):
+        os.makedirs(os.path.join(out, part), exist_ok=True)
+    for path, name in zip(files, names):
+        lines = [line for line in data.read_text(path).split("\n") if line.strip()]
+        if len(lines) < 2:
+            raise DataError(f"{path}: fewer than 2 lines, nothing to hold out")
+        cut = len(lines) - max(1, len(lines) // 10)
+        for part, chunk in (("train", lines[:cut]), ("heldout", lines[cut:])):
+            with open(os.path.join(out, part, name), "w", encoding="utf-8") as f:
+                f.write("\n".join(chunk) + "\n")
+    return os.path.join(out, "train"), os.path.join(out, "heldout")
+
+
+def quietly(fn, log_path, *args):
+    """fn(*args) with its log lines in log_path rather than on the screen."""
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log):
+        return fn(*args)
+
+
+def zero_shot(table, task):
+    """The average over the languages other than English (what transfers), and English alone."""
+    metric = finetune.TASKS[task].metrics[0]
+    others = [row[metric] for lang, row in table.items() if lang not in ("en", "average")]
+    return {"transfer": sum(others) / len(others), "en": table["en"][metric]}
+
+
+def run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir):
+    """Pre-train one model with one seed, then measure it: {measure: value}."""
+    os.makedirs(run_dir, exist_ok=True)
+    train_config = pretrain.TrainConfig(
+        data=corpus[0], tokenizer=tokenizer_file, out_dir=os.path.join(run_dir, "pretrain"), device=cfg.device,
+        seq_len=p.seq_len, max_predictions=round(0.15 * p.seq_len), batch_size=p.batch_size, steps=p.steps,
+        warmup=p.steps // 10, lr=p.lr, log_every=max(1, p.steps // 20), checkpoint_every=p.steps, seed=seed,
+        resume=True)
+    model = quietly(pretrain.train, os.path.join(run_dir, "pretrain.log"), config, train_config)
+    checkpoint = pretrain.checkpoint_paths(train_config.out_dir)[-1]
+    tokenizer = data.Tokenizer(tokenizer_file)
+    device = pretrain.setup_runtime(cfg.device).device
+    heldout = data.MLMLoader(corpus[1], tokenizer, batch_size=p.batch_size, seq_len=p.seq_len,
+                             max_predictions=train_config.max_predictions, seed=10_000)
+    result = {"parameters": count_parameters(model),
+              "mlm_accuracy": evaluate.mlm_accuracy(model.to(device), itertools.islice(heldout, 20), device)["accuracy"]}
+
+    def transfer(task, keep=0):
+        tasks = Path(cfg.tasks)
+        files = ({"train": tasks / "ner/panx/train-en.tsv", "eval": [tasks / f"ner/panx/dev-{l}.tsv" for l in PANX_LANGS]}
+                 if task == "panx" else
+                 {"train": tasks / "xnli/dev-en.tsv", "eval": [tasks / f"xnli/dev-{l}.tsv" for l in XNLI_LANGS],
+                  "train_fraction": 0.8})
+        ft = finetune.FinetuneConfig(task=task, init=checkpoint, tokenizer=tokenizer_file, train=str(files["train"]),
+                                     eval=[str(f) for f in files["eval"]], train_fraction=files.get("train_fraction", 1.0),
+                                     max_train=p.max_train, max_eval=p.max_eval, out_dir=os.path.join(run_dir, f"{task}-{keep}"),
+                                     device=cfg.device, lr=[p.finetune_lr], epochs=p.epochs, seeds=[seed],
+                                     keep_layers=keep, resume=True)
+        return zero_shot(quietly(finetune.run, os.path.join(run_dir, f"{task}-{keep}.log"), ft), task)
+
+    result["panx"], result["xnli"] = transfer("panx"), transfer("xnli")
+    if name.startswith("E_out") and "layers" not in name:  # Figure 1: one curve per E_out
+        result["figure1"] = {str(keep): transfer("panx", keep)["transfer"] for keep in p.figure1_layers}
+        result["figure1"][str(p.layers)] = result["panx"]["transfer"]
+    source, target = evaluate.read_parallel(Path(cfg.tasks) / "xquad/xquad.en.json", Path(cfg.tasks) / "xquad/xquad.de.json")
+    n = p.probe_pairs or len(source)
+    result["figure2"] = evaluate.translation_probe(
+        model.encoder.to(device), [tokenizer.encode(t) for t in source[:n]], [tokenizer.encode(t) for t in target[:n]],
+        tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, device=device)
+    return result
+
+
+def mean_std(values):
+    return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(results, p, out_dir):
+    """results.md (the table) and figure1.png, figure2.png (one curve per E_out)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def cell(name, pick):
+        values = [pick(r) for r in results[name].values()]
+        mean, std = mean_std(values)
+        return f"{mean:.1f} ± {std:.1f}"
+
+    lines = [f"Mean ± standard deviation over {len(next(iter(results.values())))} seed(s); H {p.hidden}, "
+             f"{p.layers} layers, {p.steps} pre-training steps of {p.batch_size} x {p.seq_len} tokens. Zero-shot: "
+             "the average over the languages other than English. The paper: XTREME's averages, mBERT-sized.", "",
+             "| model | PT / FT params | MLM acc. | PAN-X F1 zero-shot | PAN-X F1 en | XNLI acc. zero-shot "
+             "| XNLI acc. en | paper: row | XNLI | NER F1 | MLM acc. |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    for name, (row, xnli, ner, mlm) in zip(results, PAPER):
+        counts = next(iter(results[name].values()))["parameters"]
+        lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M "
+                     f"| {cell(name, lambda r: r['mlm_accuracy'])} | {cell(name, lambda r: r['panx']['transfer'])} "
+                     f"| {cell(name, lambda r: r['panx']['en'])} | {cell(name, lambda r: r['xnli']['transfer'])} "
+                     f"| {cell(name, lambda r: r['xnli']['en'])} | {row} | {xnli} | {ner} | {mlm or '-'} |")
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    curves = [name for name in results if "figure1" in next(iter(results[name].values()))]
+    for figure, key, xlabel, ylabel in (
+            ("figure1", "figure1", "layers kept for fine-tuning", "PAN-X F1, zero-shot average (%)"),
+            ("figure2", "figure2", "layer (0: embeddings)", "en->de nearest-neighbour accuracy (%)")):
+        plt.figure(figsize=(5, 3.4))
+        for name in curves:
+            runs = list(results[name].values())
+            xs = sorted(int(k) for k in runs[0][key]) if key == "figure1" else list(range(len(runs[0][key])))
+            stats = [mean_std([r[key][str(x)] if key == "figure1" else r[key][x] for r in runs]) for x in xs]
+            plt.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3, label=name)
+        plt.xticks(xs)
+        plt.xlabel(xlabel)
+        plt.ylabel(ylabel)
+        plt.legend()
+        plt.tight_layout()
+        plt.savefig(os.path.join(out_dir, f"{figure}.png"), dpi=100)
+        plt.close()
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    _, cfg = parse_command_line(__doc__, ReproduceConfig, argv)
+    device = resolve_device(cfg.device)
+    p = PRESETS["quick" if cfg.quick else "gpu" if device == "cuda" else "cpu"]
+    p = replace(p, seeds=cfg.seeds or p.seeds)
+    cfg = replace(cfg, device=device)
+    os.makedirs(cfg.out_dir, exist_ok=True)
+    started = time.time()
+    print(f"preset {'quick' if cfg.quick else device}: {asdict(p)}", flush=True)
+    corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
+    tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
+    if not os.path.exists(tokenizer_file):
+        data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"))
+    results_path = os.path.join(cfg.out_dir, "results.json")
+    saved = json.load(open(results_path)) if os.path.exists(results_path) else {}
+    if saved and saved.get("preset") != json.loads(json.dumps(asdict(p))):
+        raise DataError(f"{results_path} holds runs of another preset; choose another --out-dir")
+    results = saved.get("results", {})
+    jobs = [(name, config, seed) for name, config in models(p).items() for seed in range(p.seeds)]
+    for done, (name, config, seed) in enumerate(jobs):
+        if str(seed) not in results.get(name, {}):
+            run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
+            job_started = time.time()
+            results.setdefault(name, {})[str(seed)] = run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir)
+            with open(results_path + ".tmp", "w") as f:
+                json.dump({"preset": asdict(p), "results": results, "seconds": time.time() - started}, f, indent=1)
+            os.replace(results_path + ".tmp", results_path)
+            elapsed = time.time() - started
+            print(f"[{done + 1}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s "
+                  f"| elapsed {elapsed / 60:.1f} min | left about {elapsed / (done + 1) * (len(jobs) - done - 1) / 60:.1f} min",
+                  flush=True)
+    print(summarize(results, p, cfg.out_dir))
+    print(f"wrote {results_path}, results.md, figure1.png and figure2.png in {cfg.out_dir} "
+          f"({(time.time() - started) / 60:.1f} min)")
+
+
+if __name__ == "__main__":
+    run_script(main)
