@@ -1,0 +1,35 @@
+"""Tests of reproduce.py: the whole pipeline on its quick preset, and a rerun that reuses what is done."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parent
+SHARED = REPO.parent / "shared" / "data"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
+def test_quick_run_writes_the_table_and_both_figures(tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run([sys.executable, "reproduce.py", "--quick", "--out-dir", str(out)], cwd=REPO,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "[6/6]" in run.stdout and "left about" in run.stdout  # progress with an estimate of the time left
+    results = json.loads((out / "results.json").read_text())["results"]
+    assert len(results) == 6
+    for name, seeds in results.items():
+        measures = seeds["0"]
+        assert {"parameters", "mlm_accuracy", "panx", "xnli", "figure2"} <= set(measures), name
+        assert 0 <= measures["mlm_accuracy"] <= 100 and 0 <= measures["xnli"]["transfer"] <= 100
+        assert len(measures["figure2"]) == 3  # the embeddings and 2 layers
+    assert sorted(results["E_out 64"]["0"]["figure1"]) == ["1", "2"]  # layers kept: 1, and all 2
+    table = (out / "results.md").read_text()
+    assert all(f"| {name} |" in table for name in results) and "Table 4, E_out 3072" in table
+    for figure in ("figure1.png", "figure2.png"):
+        assert (out / figure).read_bytes()[:4] == b"\x89PNG"
+    again = subprocess.run([sys.executable, "reproduce.py", "--quick", "--out-dir", str(out)], cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "[1/6]" not in again.stdout  # every model was done: nothing runs again
