@@ -145,10 +145,11 @@ def line_counts(paths):
         counts[path] = n
         indexes[directory][os.path.basename(path)] = key + [n]
     for directory in {d for d, _, _ in todo}:
+        tmp = os.path.join(directory, f"{INDEX}.{os.getpid()}.tmp")  # one per process: written whole, then renamed
         try:  # a read-only corpus directory is counted again next time
-            with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
+            with open(tmp, "w") as f:
                 json.dump(indexes[directory], f)
-            os.replace(f.name, os.path.join(directory, INDEX))
+            os.replace(tmp, os.path.join(directory, INDEX))
         except OSError:
             warnings.warn(f"{directory}: cannot write {INDEX}; its files will be counted again at the next start")
     return counts
