@@ -272,7 +272,8 @@ def generate_corpus(root, size, languages, seed=0):
             pool.append((" " if spaced else "").join(words))
         with open(os.path.join(root, f"l{n:03d}.txt"), "w", encoding="utf-8") as f:
             while f.tell() < size // languages:
-                f.write("".join(line + ("\n\n" if k % 5 == 4 else "\n") for k, line in enumerate(rng.choices(pool, k=5000))))
+                block = rng.choices(pool, k=5000)
+                f.write("".join(line + ("\n\n" if k % 5 == 4 else "\n") for k, line in enumerate(block)))
     open(done, "w").close()
     return root
 
@@ -291,7 +292,8 @@ def bench_loader(cfg):
     started = time.time()
     loader = MLMLoader(root, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_workers=cfg.num_workers)
     print(f"corpus: {cfg.languages} languages, {cfg.size_gb} GB; line counts ready in {time.time() - started:.1f} s")
-    children = lambda: [int(c) for p in glob.glob(f"/proc/{os.getpid()}/task/*/children") for c in open(p).read().split()]
+    children = lambda: [int(c) for p in glob.glob(f"/proc/{os.getpid()}/task/*/children")
+                        for c in open(p).read().split()]
     batches, last = 0, 0.0
     for batch in loader:
         batches += 1

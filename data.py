@@ -34,6 +34,7 @@ MLQA, TyDiQA-GoldP) return examples; a bad file fails with its name and line.
 
 import collections
 import csv
+import functools
 import io
 import itertools
 import json
@@ -72,8 +73,8 @@ def corpus_files(data):
     else:
         langs = {}
         for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
-            found = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".txt")) \
-                if os.path.isdir(path) else [path]
+            found = [path] if not os.path.isdir(path) else sorted(
+                os.path.join(path, f) for f in os.listdir(path) if f.endswith(".txt"))
             if not found:
                 raise DataError(f"{path}: no *.txt files in this directory")
             for p in found:
@@ -96,9 +97,12 @@ def count_lines(path):
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
             chunk += f.readline()  # whole lines only
-            for bad, what in ((chunk.find(b"\0"), "a NUL byte: not a text file"), (_utf8_error(chunk), "not UTF-8")):
-                if bad >= 0:
-                    raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, bad) + 1}: {what}")
+            try:
+                chunk.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, e.start) + 1}: not UTF-8") from None
+            if (nul := chunk.find(b"\0")) >= 0:
+                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, nul) + 1}: a NUL byte: not a text file")
             # A chunk starts at a line start: "\n" + chunk puts a "\n" before each of its lines.
             blank += len(re.findall(rb"\n[ \t\r\f\v]*(?=\n|\Z)", NEWLINE + chunk)) - chunk.endswith(NEWLINE)
             size += len(chunk)
@@ -108,14 +112,6 @@ def count_lines(path):
     if lines == blank:
         raise DataError(f"{path}: only blank lines")
     return lines - blank
-
-
-def _utf8_error(chunk):
-    try:
-        chunk.decode("utf-8")
-        return -1
-    except UnicodeDecodeError as e:
-        return e.start
 
 
 def line_counts(paths):
@@ -323,8 +319,8 @@ def mask_tokens(ids, rng, tokenizer, max_predictions, masked_lm_prob=0.15):
 
 
 # Where a stream is in one language's share (a few ints per stream and language: the loader's state).
-READER = np.dtype([(name, np.int64) for name in ("pass", "chunk", "doc", "line", "token", "any", "empty")])
-CACHED = 8  # chunks a stream keeps in memory: its memory does not grow with the number of languages
+READER = np.dtype([(name, np.int64) for name in ("pass", "chunk", "doc", "line", "token", "any", "borrow")])
+CACHED = 8  # chunks (and chunk orders) a stream keeps in memory, however many languages there are
 
 
 @dataclass
@@ -346,9 +342,10 @@ class _Stream:
     def __init__(self, corpus, stream, tokenizer, readers, seq):
         self.corpus, self.stream, self.tokenizer, self.readers, self.seq = corpus, stream, tokenizer, readers, seq
         self.weights = np.array(corpus.counts, dtype=np.float64) ** corpus.alpha
-        self.shares = {}  # language -> ([(path, first byte, end byte, chunks in the files before)], chunks)
-        self.orders = {}  # language -> (pass, the order of its chunks in that pass)
-        self.cache = collections.OrderedDict()  # (language, pass, chunk) -> its documents, the last CACHED read
+        self.shares = {}  # (language, borrow) -> [(path, first byte, end byte, chunks in the files before)], chunks
+        # The CACHED most recent chunk orders and chunks (documents shuffled): memory flat in the languages.
+        self.chunk_order = functools.lru_cache(CACHED)(self._chunk_order)
+        self.chunk_docs = functools.lru_cache(CACHED)(self._chunk_docs)
         self.line_ids = self.line_key = None
 
     def _rng(self, *keys):
@@ -358,54 +355,58 @@ class _Stream:
         """A random order of range(n), a pure function of the keys (one item needs no draw)."""
         return self._rng(*keys).permutation(n) if n > 1 else range(n)
 
-    def _chunk(self, lang, k):
-        """(path, start, stop) of chunk k of this stream's share of the language: shuffle_bytes each."""
-        S, s, step = self.corpus.streams, self.stream, self.corpus.shuffle_bytes
-        if lang not in self.shares:
-            parts, n = [], 0
-            for path in self.corpus.langs[lang][1]:
-                size = self.corpus.sizes[path]
-                parts.append((path, size * s // S, size * (s + 1) // S, n))
-                n += -(-(parts[-1][2] - parts[-1][1]) // step)
-            self.shares[lang] = (parts, n)
-        if k is None:
-            return self.shares[lang][1]
-        path, first, end, before = next(p for p in reversed(self.shares[lang][0]) if p[3] <= k)
-        start = first + (k - before) * step
-        return path, start, min(start + step, end)
-
     def _current_docs(self, lang):
-        """The documents of the reader's current chunk, read again if the stream read elsewhere since; None
-        when the pass over the share is over."""
-        st, chunks = self.readers[lang], self._chunk(lang, None)
-        while st["chunk"] < chunks:
-            if self.orders.get(lang, (None,))[0] != st["pass"]:
-                self.orders[lang] = (st["pass"], self._shuffled(chunks, lang, st["pass"]))
-            key = (lang, int(st["pass"]), int(st["chunk"]))
-            if key not in self.cache:
-                docs = read_chunk(*self._chunk(lang, int(self.orders[lang][1][st["chunk"]])))
-                self.cache[key] = [docs[i] for i in self._shuffled(len(docs), *key)]
-                if len(self.cache) > CACHED:
-                    self.cache.popitem(last=False)
-            self.cache.move_to_end(key)
-            if st["doc"] < len(self.cache[key]):
-                return self.cache[key]
+        """The documents of the reader's current chunk (read again if the stream read elsewhere since), or None
+        when the pass over the share is over. The share is the stream's own, or when that holds no line (a
+        language of fewer lines than streams) the one `borrow` streams further on."""
+        st = self.readers[lang]
+        borrow, pass_ = int(st["borrow"]), int(st["pass"])
+        while st["chunk"] < self._share(lang, borrow)[1]:
+            docs = self.chunk_docs(lang, borrow, pass_, int(st["chunk"]))
+            if st["doc"] < len(docs):
+                return docs
             st["chunk"], st["doc"], st["line"] = st["chunk"] + 1, 0, 0
         return None
+
+    def _share(self, lang, borrow):
+        """The byte ranges of share (stream + borrow) % S of the language's files, and its chunk count."""
+        if (lang, borrow) not in self.shares:
+            S, step = self.corpus.streams, self.corpus.shuffle_bytes
+            s, parts, n = (self.stream + borrow) % S, [], 0
+            for path in self.corpus.langs[lang][1]:
+                first, end = self.corpus.sizes[path] * s // S, self.corpus.sizes[path] * (s + 1) // S
+                parts.append((path, first, end, n))
+                n += -(-(end - first) // step)
+            self.shares[lang, borrow] = (parts, n)
+        return self.shares[lang, borrow]
+
+    def _chunk_order(self, lang, borrow, pass_):
+        return self._shuffled(self._share(lang, borrow)[1], lang, borrow, pass_)
+
+    def _chunk_docs(self, lang, borrow, pass_, chunk):
+        """The documents of the chunk-th chunk of the pass, in a random order."""
+        parts, _ = self._share(lang, borrow)
+        k, step = int(self.chunk_order(lang, borrow, pass_)[chunk]), self.corpus.shuffle_bytes
+        path, first, end, before = next(part for part in reversed(parts) if part[3] <= k)
+        docs = read_chunk(path, first + (k - before) * step, min(first + (k - before + 1) * step, end))
+        return [docs[i] for i in self._shuffled(len(docs), lang, borrow, pass_, chunk)]
 
     def _take(self, lang, n):
         """Up to n pieces of the language's current line (fewer at its end); None when the pass is over."""
         st = self.readers[lang]
         while True:
             docs = self._current_docs(lang)
-            if docs is None:  # used up: the next pass, reshuffled; a share without text is never drawn again
-                st["empty"] = not st["any"]
+            if docs is None:  # used up: the next pass, reshuffled
+                if not st["any"]:  # the share gave no piece: read the next stream's
+                    st["borrow"] += 1
+                    if st["borrow"] >= self.corpus.streams:
+                        raise DataError(f"{self.corpus.langs[lang][1][0]}: no text the tokenizer makes pieces of")
                 st["pass"], st["chunk"], st["doc"], st["line"], st["token"], st["any"] = st["pass"] + 1, 0, 0, 0, 0, 0
                 return None
-            key = (lang, int(st["pass"]), int(st["chunk"]), int(st["doc"]), int(st["line"]))
+            key = (lang, int(st["borrow"]), int(st["pass"]), int(st["chunk"]), int(st["doc"]), int(st["line"]))
             if self.line_key != key:
                 self.line_ids, self.line_key = self.tokenizer.encode(docs[st["doc"]][st["line"]].decode("utf-8")), key
-                st["any"] = 1
+                st["any"] = st["any"] or len(self.line_ids) > 0
             if st["token"] < len(self.line_ids):
                 piece = self.line_ids[st["token"]:st["token"] + n]
                 st["token"] += len(piece)
@@ -418,21 +419,11 @@ class _Stream:
         """(`length` pieces of one language, the rng that masks them)."""
         rng = self._rng(int(self.seq[0]), 1 << 30)
         self.seq[0] += 1
-        ids, lang = [], None
+        cumulative = np.cumsum(self.weights)
+        lang = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(cumulative) - 1)
+        ids = []
         while len(ids) < length:
-            if lang is None:
-                live = np.flatnonzero(self.readers["empty"] == 0)
-                if not len(live):
-                    raise DataError(f"stream {self.stream} of {self.corpus.streams} has no text: the corpus is too "
-                                    f"small for world_size x batch_size x num_workers shares")
-                cumulative = np.cumsum(self.weights[live])
-                lang = int(live[min(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right"),
-                                    len(live) - 1)])
-            piece = self._take(lang, length - len(ids))
-            if piece is not None:
-                ids += piece
-            elif self.readers[lang]["empty"]:
-                lang = None  # draw again, among the languages this share has
+            ids += self._take(lang, length - len(ids)) or []
         return ids, rng
 
 
@@ -462,7 +453,8 @@ def _worker_batches(corpus, tokenizer, settings, worker, state):
 
 class _WorkerStreams(torch.utils.data.IterableDataset):
     def __init__(self, corpus, tokenizer, settings, workers, states):
-        self.corpus, self.tokenizer, self.settings, self.workers, self.states = corpus, tokenizer, settings, workers, states
+        self.corpus, self.tokenizer, self.settings = corpus, tokenizer, settings
+        self.workers, self.states = workers, states
 
     def __iter__(self):
         p = torch.utils.data.get_worker_info().id
@@ -487,8 +479,7 @@ class MLMLoader:
         workers = max(num_workers, 1)
         self.corpus = _Corpus(langs, counts, sizes, workers * batch_size * world_size, seed, shuffle_bytes, alpha)
         self.settings = (batch_size, seq_len, max_predictions, rank, world_size)
-        self.languages = {lang: n for (lang, _), n in zip(langs, counts)}
-        self.probabilities = sampling_probabilities(self.languages, alpha)
+        self.probabilities = sampling_probabilities({lang: n for (lang, _), n in zip(langs, counts)}, alpha)
         # What a saved state must agree with: the files by name and size (not by path: a corpus may move).
         self._fingerprint = {"files": [[lang, os.path.basename(p), sizes[p]] for lang, paths in langs for p in paths],
                              "seed": seed, "batch_size": batch_size, "seq_len": seq_len,
@@ -535,6 +526,7 @@ class MLMLoader:
 
 def _identity(item):
     return item
+
 
 
 # ----------------------------------------------------------------------------------------------
@@ -591,8 +583,8 @@ def read_pairs(path, labels=None, labelled=False):
     """XNLI / PAWS-X sentence pairs. XTREME's TSV (sentence1<TAB>sentence2<TAB>label, no header, written by
     Python's csv module: a field holding a quote is quoted, its quotes doubled) or, with a header row, the
     original releases (XNLI 1.0's language/gold_label/.../sentence1/sentence2, XNLI-MT's premise/hypo/label,
-    PAWS-X's id/sentence1/sentence2/label; quotes are plain characters there). Two columns: no labels, which
-    labelled=True refuses. `labels`, the task's label set, checks them."""
+    PAWS-X's id/sentence1/sentence2/label; quotes are plain characters there). A file without labels (two
+    columns) is refused when labelled=True; `labels`, the task's label set, checks them."""
     text = read_text(path)
     header = text.split("\n", 1)[0].split("\t")
     columns = None
@@ -603,31 +595,30 @@ def read_pairs(path, labels=None, labelled=False):
             raise DataError(f"{path}:1: a header without sentence1/premise, sentence2/hypo and label columns: {header}")
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", strict=True,
                         quoting=csv.QUOTE_NONE if columns else csv.QUOTE_MINIMAL)
-    examples, width, line = [], None, 1
+    rows, line = [], 1
     try:
         for row in reader:
-            where, line = f"{path}:{line}", reader.line_num + 1  # where this row started; the next one's line
-            if columns and reader.line_num == 1:
-                continue
-            if any("\n" in f for f in row):
-                raise DataError(f"{where}: a quoted field runs over several lines (a quote never closed?)")
-            if columns:
-                if len(row) != len(header):
-                    raise DataError(f"{where}: {len(row)} fields, the header has {len(header)}")
-                row = [row[i] for i in columns[:3]] + [row[columns[3]] if columns[3] is not None else None]
-            else:
-                if len(row) not in ((3,) if labelled else (2, 3)) or width not in (None, len(row)):
-                    expected = (f"the first line has {width}" if width else "expected sentence1<TAB>sentence2<TAB>label"
-                                if labelled else "expected sentence1<TAB>sentence2[<TAB>label]")
-                    raise DataError(f"{where}: {len(row)} tab-separated fields; {expected}")
-                width = len(row)
-                row = row + [None] * (4 - len(row))
-            label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])
-            if labels is not None and label is not None:
-                check_label(label, labels, where)
-            examples.append(PairExample(row[0], row[1], label, where, row[3]))
+            rows.append((f"{path}:{line}", row))  # the line where the row starts
+            line = reader.line_num + 1
     except csv.Error as e:
         raise DataError(f"{path}:{line}: {e} (a quote never closed?)") from None
+    # With a label on any line (or labelled=True), every line needs one.
+    width = len(header) if columns else 3 if labelled or any(len(row) == 3 for _, row in rows) else 2
+    examples = []
+    for where, row in rows[1:] if columns else rows:
+        if any("\n" in f for f in row):
+            raise DataError(f"{where}: a quoted field runs over several lines (a quote never closed?)")
+        if len(row) != width:
+            expected = "the header's" if columns else "sentence1<TAB>sentence2" + "<TAB>label" * (width == 3)
+            raise DataError(f"{where}: {len(row)} tab-separated fields; expected {width}: {expected}")
+        if columns:
+            row = [row[i] for i in columns[:3]] + [row[columns[3]] if columns[3] is not None else None]
+        else:
+            row = row + [None] * (4 - len(row))
+        label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])
+        if labels is not None and label is not None:
+            check_label(label, labels, where)
+        examples.append(PairExample(row[0], row[1], label, where, row[3]))
     if not examples:
         raise DataError(f"{path}: no examples")
     return examples
@@ -637,23 +628,23 @@ _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:")
 
 
 def read_tagging(path, labels=None, labelled=False):
-    """PAN-X / UD-POS: token<TAB>label lines, a blank line between sentences (a token alone: no labels, which
-    labelled=True refuses). The raw XTREME files prefix every token with its language ("en:Paris"); when all
-    tokens share one such prefix, it is removed."""
-    sentences, current, width = [], [], None
-    for number, line in enumerate(read_text(path).split("\n"), 1):
+    """PAN-X / UD-POS: token<TAB>label lines, a blank line between sentences. A file without labels (tokens
+    alone) is refused when labelled=True. The raw XTREME files prefix every token with its language
+    ("en:Paris"); when all tokens share one such prefix, it is removed."""
+    lines = read_text(path).split("\n")
+    width = 2 if labelled or any("\t" in line for line in lines) else 1  # a label on any line: on every line
+    sentences, current = [], []
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             if current:
                 sentences.append(current)
                 current = []
             continue
         fields = line.split("\t")
-        if len(fields) not in ((2,) if labelled else (1, 2)) or not fields[0] or (width and width[0] != len(fields)):
-            expected = (f"line {width[1]} has {width[0]}" if width else "expected token<TAB>label"
-                        if labelled else "expected token<TAB>label or token")
-            raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields; {expected}")
-        width = width or (len(fields), number)
-        if labels is not None and len(fields) == 2:
+        if len(fields) != width or not fields[0]:
+            raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields; expected "
+                            f"{'token<TAB>label' if width == 2 else 'a token'}")
+        if labels is not None and width == 2:
             check_label(fields[1], labels, f"{path}:{number}")
         current.append((number, fields))
     if current:
@@ -662,7 +653,7 @@ def read_tagging(path, labels=None, labelled=False):
         raise DataError(f"{path}: no sentences")
     prefixes = {(_LANG_PREFIX.match(f[0]) or [None])[0] for s in sentences for _, f in s}
     cut = len(next(iter(prefixes))) if len(prefixes) == 1 and None not in prefixes else 0
-    return [TaggingExample([f[0][cut:] for _, f in s], [f[1] for _, f in s] if width[0] == 2 else None,
+    return [TaggingExample([f[0][cut:] for _, f in s], [f[1] for _, f in s] if width == 2 else None,
                            f"{path}:{s[0][0]}") for s in sentences]
 
 
@@ -680,8 +671,8 @@ def read_squad(path, check_answers=True):
         _expect(isinstance(article, dict) and isinstance(article.get("paragraphs"), list), where, '"paragraphs" list')
         for p, paragraph in enumerate(article["paragraphs"]):
             where = f"{path}: data[{a}].paragraphs[{p}]"
-            _expect(isinstance(paragraph, dict) and isinstance(paragraph.get("context"), str), where, '"context" string')
-            _expect(isinstance(paragraph.get("qas"), list), where, '"qas" list')
+            _expect(isinstance(paragraph, dict) and isinstance(paragraph.get("context"), str)
+                    and isinstance(paragraph.get("qas"), list), where, '"context" string and a "qas" list')
             context = paragraph["context"]
             for q, qa in enumerate(paragraph["qas"]):
                 where = f"{path}: data[{a}].paragraphs[{p}].qas[{q}]"

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 
 import data
 from configs import parse_command_line, resolve_device, run_script
-from model import DataError, Encoder, MaskedLM
+from model import DataError, MaskedLM
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
 # The label sets, in the order of the task heads' outputs (finetune.py).
@@ -72,6 +72,9 @@ def squad_normalize(text):
 
 
 MLQA_LANGUAGES = ("en", "es", "hi", "vi", "de", "ar", "zh")
+# TyDiQA-GoldP's own dev file holds 11 languages; its question ids begin with the language's name.
+TYDI_LANGUAGES = {"arabic": "ar", "bengali": "bn", "english": "en", "finnish": "fi", "indonesian": "id",
+                  "japanese": "ja", "korean": "ko", "russian": "ru", "swahili": "sw", "telugu": "te", "thai": "th"}
 MLQA_ARTICLES = {
     "en": r"\b(a|an|the)\b",
     "es": r"\b(un|una|unos|unas|el|la|los|las)\b",
@@ -213,6 +216,15 @@ def accuracy(gold, predicted):
         raise DataError("no examples to score")
     correct = sum(g == p for g, p in zip(gold, predicted))
     return {"accuracy": 100.0 * correct / len(gold), "correct": correct, "total": len(gold)}
+
+
+def print_table(title, table, log):
+    """A per-language table {language: {metric: value}}, one row each (the last: the average), through log."""
+    metrics = list(next(iter(table.values())))
+    log(title)
+    log(f"{'lang':<10}" + "".join(f"{m:>14}" for m in metrics))
+    for lang, row in table.items():
+        log(f"{lang:<10}" + "".join(f"{row[m]:>14.2f}" for m in metrics))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -427,8 +439,11 @@ class MLMAccuracyConfig:
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
 
     def __post_init__(self):
-        if not (self.checkpoint and self.data and self.tokenizer) or self.batches < 1:
-            raise ValueError("--checkpoint, --data and --tokenizer are required, and --batches must be positive")
+        if not (self.checkpoint and self.data and self.tokenizer):
+            raise ValueError("--checkpoint, --data and --tokenizer are required")
+        if min(self.batches, self.max_predictions, self.batch_size, self.seq_len - 2) < 1:
+            raise ValueError("--batches, --max-predictions and --batch-size must be positive, --seq-len at least 3")
+        resolve_device(self.device)
 
 
 @dataclass
@@ -448,6 +463,9 @@ class ProbeConfig:
     def __post_init__(self):
         if not (self.checkpoint and self.tokenizer) or self.unit not in ("questions", "contexts"):
             raise ValueError("--checkpoint and --tokenizer are required; --unit is questions or contexts")
+        if min(self.batch_size, self.max_len - 2) < 1:
+            raise ValueError("--batch-size must be positive, --max-len at least 3")
+        resolve_device(self.device)
 
 
 def main(argv=None):
@@ -462,8 +480,13 @@ def main(argv=None):
         import torch_xla
     device = torch_xla.device() if kind == "xla" else torch.device(kind)
     tokenizer = data.Tokenizer(cfg.tokenizer)
+    model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
+    length = cfg.seq_len if command == "mlm-accuracy" else cfg.max_len
+    if tokenizer.vocab_size > model.config.vocab_size or length > model.config.max_position_embeddings:
+        raise DataError(f"{cfg.tokenizer} ({tokenizer.vocab_size} pieces) or the length {length} does not fit "
+                        f"{cfg.checkpoint} (vocab_size {model.config.vocab_size}, "
+                        f"{model.config.max_position_embeddings} positions)")
     if command == "mlm-accuracy":
-        model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
         model = model.to(device)
         loader = data.MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                                 max_predictions=cfg.max_predictions, seed=cfg.seed)
@@ -471,8 +494,7 @@ def main(argv=None):
         print(json.dumps({"checkpoint": cfg.checkpoint, "data": cfg.data, **result}))
         return
     source, target = read_parallel(cfg.source, cfg.target, cfg.unit)
-    encoder = (Encoder.from_hf(cfg.checkpoint) if Path(cfg.checkpoint).is_dir()
-               else MaskedLM.from_checkpoint(cfg.checkpoint).encoder).to(device)
+    encoder = model.encoder.to(device)
     print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
           f"{cfg.target}; translation vector fitted on {len(source) // 2}, "
           f"retrieval among the other {len(source) - len(source) // 2}", file=sys.stderr)

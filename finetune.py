@@ -127,11 +127,12 @@ class FinetuneConfig:
                              f"({', '.join(CONFIGS)})")
         if not self.train or not self.eval:
             raise ValueError("--train and --eval are required")
-        if not 0.0 < self.train_fraction <= 1.0:
-            raise ValueError(f"--train-fraction must be in (0, 1], got {self.train_fraction}")
-        if min(self.eval_batch_size, self.epochs, self.log_every, self.checkpoint_every, self.doc_stride,
-               self.max_query_length, self.max_answer_length, self.n_best) < 1 or min(
-                [self.batch_size, self.seq_len, self.max_train, self.max_eval, self.keep_layers, *self.seeds, *self.lr]) < 0:
+        if not 0.0 < self.train_fraction <= 1.0 or 0 < self.seq_len < 8:
+            raise ValueError("--train-fraction must be in (0, 1], --seq-len 0 (the task's) or at least 8")
+        positive = (self.eval_batch_size, self.epochs, self.log_every, self.checkpoint_every, self.doc_stride,
+                    self.max_query_length, self.max_answer_length, self.n_best)
+        if min(positive) < 1 or min([self.batch_size, self.seq_len, self.max_train, self.max_eval,
+                                     self.keep_layers, *self.seeds, *self.lr]) < 0:
             raise ValueError("sizes, counts, seeds and learning rates cannot be negative (the QA sizes, --epochs, "
                              "--eval-batch-size, --log-every and --checkpoint-every not zero)")
         resolve_device(self.device)
@@ -147,8 +148,7 @@ class PredictConfig:
     model: str = field(default="", metadata={"help": "a run directory finetune.py saved (out/finetune/lr-R/seed-N)"})
     task: str = field(default="", metadata={"help": "the task of --input (a QA model answers any QA task)"})
     input: str = field(default="", metadata={"help": "a file in the task's format, labelled or not"})
-    output: str = field(default="", metadata={"help": "xnli/pawsx: one label per line; panx/udpos: token<TAB>label, "
-                                                      "a blank line between sentences; QA: JSON {question id: answer}"})
+    output: str = field(default="", metadata={"help": "labels, token<TAB>label lines, or JSON {id: answer}"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
     batch_size: int = field(default=64, metadata={"help": "sequences per batch"})
 
@@ -162,9 +162,8 @@ class PredictConfig:
 # Features (static shapes: every row padded to seq_len) and their decoding
 
 def to_tensors(features, seq_len, pad_id):
-    """Features (dicts with "input_ids", "token_type_ids" and per-position lists or per-sequence ints such as
-    "labels", "start_positions") -> a dict of (N, seq_len) / (N,) long tensors, with "attention_mask".
-    Padding: pad_id in input_ids, 0 in token_type_ids, -100 (ignored by the loss) in other lists."""
+    """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
+    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids, -100 (ignored by the loss) elsewhere."""
     n = len(features)
     out = {"attention_mask": torch.zeros(n, seq_len, dtype=torch.long)}
     for key in features[0]:
@@ -245,9 +244,11 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
                 raise DataError(f"{e.source}: no answer to train on")
             start_char = e.answers[0]["answer_start"]
             end_char = start_char + len(e.answers[0]["text"])
-            # The answer's pieces: from the first piece ending after its start to the last starting before its end.
-            first = next((k for k, (_, end) in enumerate(offsets) if end > start_char), len(offsets))
-            last = max((k for k, (start, _) in enumerate(offsets) if start < end_char), default=-1)
+            # The answer's pieces: from the first piece ending after its start to the last starting before its
+            # end, among those that show a character (not a lone "▁", not the leading bytes of a character).
+            shown = [k for k, (start, end) in enumerate(offsets) if start < end]
+            first = next((k for k in shown if offsets[k][1] > start_char), len(offsets))
+            last = max((k for k in shown if offsets[k][0] < end_char), default=-1)
         windows, start = [], 0
         while True:
             windows.append((start, min(room, len(context_ids) - start)))
@@ -255,7 +256,8 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
                 break
             start += min(room, doc_stride)
         for w_start, w_len in windows:
-            ids = [tokenizer.cls_id, *question, tokenizer.sep_id, *context_ids[w_start:w_start + w_len], tokenizer.sep_id]
+            window = context_ids[w_start:w_start + w_len]
+            ids = [tokenizer.cls_id, *question, tokenizer.sep_id, *window, tokenizer.sep_id]
             shift = len(question) + 2  # position of the window's first piece
             feature = {"input_ids": ids, "token_type_ids": [0] * shift + [1] * (w_len + 1)}
             if training:
@@ -287,20 +289,21 @@ def _is_max_context(windows, window, position):
 def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer_length=30):
     """run_squad.py's n-best decoding: for each example, over its windows, the n_best highest start and end
     logits; pairs inside the context, end >= start, at most max_answer_length pieces, the start at its max
-    context; the best start + end logit wins. The answer is cut from the ORIGINAL context by character
-    offsets (no detokenization). Returns {question id: answer text} ("" when no span qualifies)."""
+    context, both showing a character; the best start + end logit wins. The answer is cut from the ORIGINAL
+    context by character offsets (no detokenization). Returns {question id: answer text} ("" when none qualifies)."""
     start_logits, end_logits = start_logits.float().cpu(), end_logits.float().cpu()
     best = {}  # example index -> (score, text)
     for i, m in enumerate(meta):
         e = examples[m["example"]]
         offsets = m["offsets"]
+        shows = [o is not None and o[0] < o[1] for o in offsets]  # a context piece with a character of its own
         starts = torch.topk(start_logits[i], min(n_best, start_logits.shape[1])).indices.tolist()
         ends = torch.topk(end_logits[i], min(n_best, end_logits.shape[1])).indices.tolist()
         for s in starts:
-            if s >= len(offsets) or offsets[s] is None or not m["max_context"][s]:
+            if s >= len(offsets) or not shows[s] or not m["max_context"][s]:
                 continue
             for t in ends:
-                if t >= len(offsets) or offsets[t] is None or t < s or t - s + 1 > max_answer_length:
+                if t >= len(offsets) or not shows[t] or t < s or t - s + 1 > max_answer_length:
                     continue
                 score = float(start_logits[i, s] + end_logits[i, t])
                 if m["example"] not in best or score > best[m["example"]][0]:
@@ -322,13 +325,14 @@ def features(task, tokenizer, examples, settings, training):
 # The model: an encoder from a checkpoint, a HF directory or random weights, plus the task's head
 
 def tokenizer_path(cfg):
+    """--tokenizer, or the one beside a Hugging Face directory or recorded in a pre-training checkpoint."""
     if cfg.tokenizer:
         return cfg.tokenizer
-    if cfg.init and os.path.isdir(cfg.init):
+    if cfg.config:
+        raise DataError("--config (random weights) needs --tokenizer")
+    if os.path.isdir(cfg.init):
         return os.path.join(cfg.init, "sentencepiece.model")
-    if cfg.init:  # the checkpoint records the tokenizer it was pre-trained with
-        return load_checkpoint(cfg.init)["train_config"]["tokenizer"]
-    raise DataError("--config (random weights) needs --tokenizer")
+    return load_checkpoint(cfg.init)["train_config"]["tokenizer"]
 
 
 def build_encoder(cfg, log):
@@ -341,9 +345,9 @@ def build_encoder(cfg, log):
     else:
         model = MaskedLM.from_checkpoint(cfg.init)
         encoder = model.encoder
-        kept = sum(p.numel() for p in encoder.parameters())
-        log(f"{cfg.init}: kept the encoder ({kept:,} parameters); dropped {sum(p.numel() for p in model.parameters()) - kept:,}"
-            f" ({model.config.pretraining_only_layers} pre-training-only layers + the MLM head)")
+        kept, total = (sum(p.numel() for p in m.parameters()) for m in (encoder, model))
+        log(f"{cfg.init}: kept the encoder ({kept:,} parameters); dropped {total - kept:,} "
+            f"({model.config.pretraining_only_layers} pre-training-only layers + the MLM head)")
     if cfg.keep_layers:
         if cfg.keep_layers > encoder.config.num_layers:
             raise DataError(f"--keep-layers {cfg.keep_layers}: the encoder has {encoder.config.num_layers} layers")
@@ -387,10 +391,10 @@ def load_finetuned(path):
     try:
         with open(os.path.join(path, "finetune.json")) as f:
             info = json.load(f)
-        task = TASKS[info["task"]]
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e})") from None
-    for name, digest in info["sha256"].items():
+        task, digests = TASKS[info["task"]], dict(info["sha256"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e!r})") from None
+    for name, digest in digests.items():
         if sha256(os.path.join(path, name)) != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 differs from the one saved with it)")
     model = build_model(task, Encoder.from_hf(path), dropout=0.0)
@@ -416,12 +420,15 @@ def read_examples(task, path, labelled=True):
 
 
 def by_language(examples, spec):
-    """{language: examples} of an --eval file: from its language column (XNLI 1.0's own files), else one
-    language, from LANG=FILE or the file's name or folder (dev-de.tsv, xquad.de.json, x-final/de/dev_2k.tsv)."""
-    if getattr(examples[0], "language", None):
+    """{language: examples} of an --eval file: from its language column (XNLI 1.0's own files) or question ids
+    (TyDiQA-GoldP's), else one language, from LANG=FILE or the file's name or folder (dev-de.tsv,
+    xquad.de.json, x-final/de/dev_2k.tsv)."""
+    languages = [getattr(e, "language", None) or evaluate.TYDI_LANGUAGES.get(getattr(e, "id", "").split("-")[0])
+                 for e in examples]
+    if all(languages):
         groups = {}
-        for e in examples:
-            groups.setdefault(e.language, []).append(e)
+        for e, lang in zip(examples, languages):
+            groups.setdefault(lang, []).append(e)
         return groups
     name, path = spec.split("=", 1) if "=" in spec else (None, spec)
     for part in (os.path.basename(path), os.path.basename(os.path.dirname(path))):
@@ -570,8 +577,8 @@ def predict_file(cfg):
     token<TAB>label with a blank line between sentences (panx, udpos), {question id: answer} (QA)."""
     model, tokenizer, info = load_finetuned(cfg.model)
     task = TASKS[cfg.task]
-    if task.kind != TASKS[info["task"]].kind:  # a QA model may answer any QA task (SQuAD -> MLQA)
-        raise DataError(f"{cfg.model} was fine-tuned for {info['task']}, which cannot predict {cfg.task}")
+    if cfg.task != info["task"] and not task.kind == TASKS[info["task"]].kind == "qa":  # SQuAD -> MLQA is fine
+        raise DataError(f"{cfg.model} was fine-tuned for {info['task']}; it cannot predict {cfg.task}'s labels")
     runtime = setup_runtime(cfg.device)
     examples = read_examples(task, cfg.input, labelled=False)
     predictions = predict_examples(model.to(runtime.device), tokenizer, task, examples, info, cfg.batch_size, runtime)
@@ -592,7 +599,8 @@ def with_defaults(cfg, encoder_config, log):
     """Appendix A.3's defaults for what --lr, --batch-size and --seq-len leave open: Table 10's learning-rate
     sweep at batch 32, or for an encoder of RemBERT's shape Table 15's rate and batch; said, not silent."""
     task, rembert = TASKS[cfg.task], CONFIGS["rembert"]
-    if (encoder_config.hidden_size, encoder_config.intermediate_size) == (rembert.hidden_size, rembert.intermediate_size):
+    shape = (encoder_config.hidden_size, encoder_config.intermediate_size)
+    if shape == (rembert.hidden_size, rembert.intermediate_size):
         lrs, batch_size, source = [task.rembert[0]], task.rembert[1], "Table 15's, for an encoder of RemBERT's shape"
     else:
         lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
@@ -613,15 +621,20 @@ def check_out_dir(cfg, runtime, log):
     if not os.path.exists(path):
         if runtime.is_main:
             os.makedirs(cfg.out_dir, exist_ok=True)
-            with open(path, "w") as f:
+            with open(path + ".tmp", "w") as f:
                 json.dump(ours, f, indent=2)
+            os.replace(path + ".tmp", path)
         return
     if not cfg.resume:
         raise DataError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
                         f"or choose another --out-dir")
-    with open(path) as f:
-        theirs = json.load(f)
-    differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now" for k, v in ours.items() if theirs.get(k) != v]
+    try:
+        with open(path) as f:
+            theirs = json.load(f)
+    except ValueError as e:
+        raise DataError(f"{path}: {e}") from None
+    differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
+              for k, v in ours.items() if theirs.get(k) != v]
     if differ:
         raise DataError(f"{cfg.out_dir} holds runs made with other settings ({'; '.join(differ)}); "
                         f"resume with the same ones, or choose another --out-dir")
@@ -629,17 +642,7 @@ def check_out_dir(cfg, runtime, log):
         remove_partial_saves(os.path.join(cfg.out_dir, "lr-*", "seed-*", "*.tmp"), log)
 
 
-def print_table(title, table, log):
-    """table: {language: {metric: value}}; the last row is the average over languages."""
-    metrics = list(next(iter(table.values())))
-    log(title)
-    log(f"{'lang':<10}" + "".join(f"{m:>14}" for m in metrics))
-    for lang, row in table.items():
-        log(f"{lang:<10}" + "".join(f"{row[m]:>14.2f}" for m in metrics))
-
-
-def average(rows):
-    """Mean of each metric over a list of {metric: value}."""
+def average(rows):  # of each metric, over a list of {metric: value}
     return {m: sum(r[m] for r in rows) / len(rows) for m in rows[0]}
 
 
@@ -650,8 +653,12 @@ def run(cfg):
     task = TASKS[cfg.task]
     base = build_encoder(cfg, log)  # read once; every run starts from a copy (from fresh weights with --config)
     cfg = with_defaults(cfg, base.config, log)
+    if cfg.seq_len > base.config.max_position_embeddings:
+        raise DataError(f"--seq-len {cfg.seq_len} exceeds the encoder's {base.config.max_position_embeddings} "
+                        f"positions")
     log(f"finetune config: {asdict(cfg)}")
-    settings = {k: getattr(cfg, k) for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
+    settings = {k: getattr(cfg, k)
+                for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
     tokenizer_file = tokenizer_path(cfg)
     tokenizer = data.Tokenizer(tokenizer_file)
     if tokenizer.vocab_size > base.config.vocab_size:
@@ -659,7 +666,7 @@ def run(cfg):
                         f"{base.config.vocab_size}: not the model's tokenizer")
 
     examples = read_examples(task, cfg.train)
-    if len({getattr(e, "language", None) for e in examples}) > 1:
+    if len(by_language(examples, "en=" + cfg.train)) > 1:
         raise DataError(f"{cfg.train}: holds several languages; zero-shot transfer trains on one (English)")
     train_examples, held_out = split_train(task, examples, cfg.train_fraction)
     train_examples = train_examples[:cfg.max_train or None]
@@ -692,7 +699,7 @@ def run(cfg):
                 scores[lang] = {m: result[m] for m in task.metrics}
             scores["average"] = average(list(scores.values()))
             sweep[lr][seed] = scores
-            print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
+            evaluate.print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
             if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
                 save_finetuned(model.cpu(), cfg, tokenizer_file, run_dir)
                 with open(scores_path + ".tmp", "w") as f:
@@ -709,7 +716,7 @@ def run(cfg):
     if len(cfg.lr) > 1:
         log("learning rates: " + ", ".join(f"{lr:g}: {tables[lr]['average'][metric]:.2f}" for lr in cfg.lr)
             + f" (average {metric}); best {best:g}")
-    print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, lr {best:g}, "
+    evaluate.print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, lr {best:g}, "
                 f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")

@@ -23,7 +23,6 @@ read and write transformers' files), so it can be copied alone.
 
 import json
 import os
-import pickle
 import warnings
 import zipfile
 from dataclasses import dataclass, field, fields
@@ -344,14 +343,13 @@ def load_checkpoint(path):
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
-    except (zipfile.BadZipFile, EOFError) as e:
-        raise DataError(f"{path}: damaged or not a checkpoint ({e})") from None
-    if damaged:
-        raise DataError(f"{path}: damaged: its record {damaged} fails its CRC check")
-    try:
+        if damaged:
+            raise DataError(f"{path}: damaged: its record {damaged} fails its CRC check")
         return torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError) as e:
-        raise DataError(f"{path}: not a checkpoint that loads safely ({e})") from None
+    except (FileNotFoundError, DataError):
+        raise
+    except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, UnpicklingError...)
+        raise DataError(f"{path}: damaged or not a checkpoint ({type(e).__name__}: {e})") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -431,8 +429,8 @@ def _load_hf_encoder(encoder, state, path):
         # transformers always projects E_in to H; with E_in == H this model does not, which is the
         # same computation only when the stored projection is the identity (as save_hf writes it).
         H = encoder.config.hidden_size
-        weight, bias = state.get(_HF_PROJECTION + "weight", torch.empty(0)), state.get(_HF_PROJECTION + "bias")
-        if not (torch.equal(weight, torch.eye(H, dtype=weight.dtype)) and torch.equal(bias, torch.zeros_like(bias))):
+        weight, bias = (state.get(_HF_PROJECTION + p, torch.empty(0)) for p in ("weight", "bias"))
+        if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
             raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
                             f"the identity; this implementation has no projection when E_in == H")
     _copy_tensors(encoder, state, names, path)
@@ -474,5 +472,8 @@ def save_hf(model, path):
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(hf_config, f, indent=2)
     # Clones: a tied output embedding is its own tensor in the file (safetensors refuses shared memory).
-    save_file({name: t.detach().cpu().clone() for name, t in state.items()},
-              os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    try:
+        save_file({name: t.detach().cpu().clone() for name, t in state.items()},
+                  os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    except Exception as e:  # a full disk: safetensors raises its own error, which names no file
+        raise OSError(f"{path}/model.safetensors: saving failed ({e})") from e

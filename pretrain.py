@@ -4,7 +4,7 @@ clipping at norm 1, linear warm-up then linear decay), on CPU, CUDA GPUs or TPUs
 
 `python pretrain.py` with no arguments is a complete small run: it trains a SentencePiece tokenizer
 on the bundled multilingual sample corpus (sample_data/) if there is none yet, then pre-trains the
-`tiny` config on it for 800 steps (about 2 minutes on 2 CPU cores), logging loss, masked-LM
+`tiny` config on it for 800 steps (about 4 minutes on 2 CPU cores), logging loss, masked-LM
 accuracy, learning rate, tokens/s and time left, and writes checkpoints to out/pretrain/.
 
 Any config of configs.py by name, any ModelConfig field and any training option (TrainConfig below)
@@ -92,6 +92,11 @@ class TrainConfig:
         resolve_device(self.device)
 
 
+# Training settings a resumed run must share with its checkpoint (the model's too); --steps may grow.
+SAME_ON_RESUME = ("seq_len", "max_predictions", "batch_size", "grad_accum", "warmup", "lr", "weight_decay",
+                  "max_grad_norm", "seed")
+
+
 def parse_args(argv=None):
     """-> (ModelConfig, TrainConfig): the --config preset with any ModelConfig field overridden."""
     parser = ArgumentParser(description=__doc__)
@@ -100,7 +105,8 @@ def parse_args(argv=None):
               default_none=True)
     args = parse_flags(parser, argv)
     cfg = build(parser, TrainConfig, args)
-    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig) if getattr(args, f.name) is not None}
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)
+               if getattr(args, f.name) is not None}
     model_config = build(parser, ModelConfig, argparse.Namespace(**asdict(CONFIGS[cfg.config]) | changes))
     if cfg.seq_len > model_config.max_position_embeddings:
         parser.error(f"--seq-len {cfg.seq_len} exceeds max_position_embeddings {model_config.max_position_embeddings}")
@@ -420,11 +426,12 @@ def train(model_config, cfg):
         remove_partial_saves(os.path.join(cfg.out_dir, "ckpt-*.pt.tmp"), log)
     if cfg.resume and checkpoint_paths(cfg.out_dir):
         path, checkpoint = newest_intact_checkpoint(cfg.out_dir, log)
-        differ = [f"{k} {checkpoint['config'].get(k)!r} then, {v!r} now"
-                  for k, v in asdict(model_config).items() if checkpoint["config"].get(k) != v]
+        saved = {**checkpoint["config"], **{k: checkpoint["train_config"].get(k) for k in SAME_ON_RESUME}}
+        now = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
+        differ = [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]
         if differ:
-            raise DataError(f"{path} was written for another model ({'; '.join(differ)}); pass the same "
-                            f"--config and overrides, or another --out-dir")
+            raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
+                            f"the same --config, overrides and training flags, or another --out-dir")
         restore_training_state(runtime, checkpoint, path, raw_model, optimizer)
         loader.load_state_dict(checkpoint["loader"][runtime.rank])
         step = checkpoint["step"]

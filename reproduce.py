@@ -107,7 +107,7 @@ PAPER = [("Table 2, coupled (E 768)", 70.7, 69.2, 61.1), ("Table 2, decoupled (E
 class ReproduceConfig:
     data: str = field(default=str(SHARED / "corpus"), metadata={"help": "pre-training text: a directory of *.txt "
                                                                         "files (searched recursively)"})
-    tasks: str = field(default=str(SHARED), metadata={"help": "the task data: ner/panx, xnli, xquad as in ../shared/data"})
+    tasks: str = field(default=str(SHARED), metadata={"help": "task data: ner/panx, xnli, xquad as in ../shared/data"})
     out_dir: str = field(default="out/reproduce", metadata={"help": "results, plots and every model"})
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda (cuda runs the gpu preset)"})
     quick: bool = field(default=False, metadata={"help": "the tiny preset: the whole pipeline in a few minutes"})
@@ -122,8 +122,8 @@ class ReproduceConfig:
 
 
 def split_corpus(source, out):
-    """Copies of the corpus's files under out/train and out/heldout: a tenth of each file's lines (its last
-    ones, at least one) held out for the masked-LM accuracy of Table 8."""
+    """Copies of the corpus's files under out/train and out/heldout: a tenth of each file's non-blank lines
+    (its last ones, at least one) held out for the masked-LM accuracy of Table 8."""
     files = sorted(glob.glob(os.path.join(source, "**", "*.txt"), recursive=True))
     if not files:
         raise DataError(f"{source}: no *.txt files in it or below it")
@@ -133,10 +133,11 @@ def split_corpus(source, out):
     for part in ("train", "heldout"):
         os.makedirs(os.path.join(out, part), exist_ok=True)
     for path, name in zip(files, names):
-        lines = [line for line in data.read_text(path).split("\n") if line.strip()]
-        if len(lines) < 2:
+        lines = data.read_text(path).removesuffix("\n").split("\n")
+        text = [i for i, line in enumerate(lines) if line.strip()]
+        if len(text) < 2:
             raise DataError(f"{path}: fewer than 2 lines, nothing to hold out")
-        cut = len(lines) - max(1, len(lines) // 10)
+        cut = text[len(text) - max(1, len(text) // 10)]
         for part, chunk in (("train", lines[:cut]), ("heldout", lines[cut:])):
             with open(os.path.join(out, part, name), "w", encoding="utf-8") as f:
                 f.write("\n".join(chunk) + "\n")
@@ -170,27 +171,26 @@ def run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir):
     device = pretrain.setup_runtime(cfg.device).device
     heldout = data.MLMLoader(corpus[1], tokenizer, batch_size=p.batch_size, seq_len=p.seq_len,
                              max_predictions=train_config.max_predictions, seed=10_000)
-    result = {"parameters": count_parameters(model),
-              "mlm_accuracy": evaluate.mlm_accuracy(model.to(device), itertools.islice(heldout, 20), device)["accuracy"]}
+    accuracy = evaluate.mlm_accuracy(model.to(device), itertools.islice(heldout, 20), device)["accuracy"]
+    result = {"parameters": count_parameters(model), "mlm_accuracy": accuracy}
 
     def transfer(task, keep=0):
-        tasks = Path(cfg.tasks)
-        files = ({"train": tasks / "ner/panx/train-en.tsv", "eval": [tasks / f"ner/panx/dev-{l}.tsv" for l in PANX_LANGS]}
-                 if task == "panx" else
-                 {"train": tasks / "xnli/dev-en.tsv", "eval": [tasks / f"xnli/dev-{l}.tsv" for l in XNLI_LANGS],
-                  "train_fraction": 0.8})
-        ft = finetune.FinetuneConfig(task=task, init=checkpoint, tokenizer=tokenizer_file, train=str(files["train"]),
-                                     eval=[str(f) for f in files["eval"]], train_fraction=files.get("train_fraction", 1.0),
-                                     max_train=p.max_train, max_eval=p.max_eval, out_dir=os.path.join(run_dir, f"{task}-{keep}"),
-                                     device=cfg.device, lr=[p.finetune_lr], epochs=p.epochs, seeds=[seed],
-                                     keep_layers=keep, resume=True)
+        """Fine-tuned on English (PAN-X's train file; XNLI's first 80% of dev-en), evaluated on the rest."""
+        folder, langs = ("ner/panx", PANX_LANGS) if task == "panx" else ("xnli", XNLI_LANGS)
+        ft = finetune.FinetuneConfig(
+            task=task, init=checkpoint, tokenizer=tokenizer_file,
+            train=os.path.join(cfg.tasks, folder, "train-en.tsv" if task == "panx" else "dev-en.tsv"),
+            eval=[os.path.join(cfg.tasks, folder, f"dev-{lang}.tsv") for lang in langs],
+            train_fraction=1.0 if task == "panx" else 0.8, max_train=p.max_train, max_eval=p.max_eval,
+            out_dir=os.path.join(run_dir, f"{task}-{keep}"), device=cfg.device, lr=[p.finetune_lr], epochs=p.epochs,
+            seeds=[seed], keep_layers=keep, resume=True)
         return zero_shot(quietly(finetune.run, os.path.join(run_dir, f"{task}-{keep}.log"), ft), task)
 
     result["panx"], result["xnli"] = transfer("panx"), transfer("xnli")
     if name.startswith("E_out") and "layers" not in name:  # Figure 1: one curve per E_out
         result["figure1"] = {str(keep): transfer("panx", keep)["transfer"] for keep in p.figure1_layers}
         result["figure1"][str(p.layers)] = result["panx"]["transfer"]
-    source, target = evaluate.read_parallel(Path(cfg.tasks) / "xquad/xquad.en.json", Path(cfg.tasks) / "xquad/xquad.de.json")
+    source, target = evaluate.read_parallel(*(Path(cfg.tasks) / f"xquad/xquad.{lang}.json" for lang in ("en", "de")))
     n = p.probe_pairs or len(source)
     result["figure2"] = evaluate.translation_probe(
         model.encoder.to(device), [tokenizer.encode(t) for t in source[:n]], [tokenizer.encode(t) for t in target[:n]],
@@ -219,7 +219,7 @@ def summarize(results, p, out_dir):
              "| model | PT / FT params | MLM acc. | PAN-X F1 zero-shot | PAN-X F1 en | XNLI acc. zero-shot "
              "| XNLI acc. en | paper: row | XNLI | NER F1 | MLM acc. |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
-    for name, (row, xnli, ner, mlm) in zip(results, PAPER):
+    for name, (row, xnli, ner, mlm) in zip(models(p), PAPER):
         counts = next(iter(results[name].values()))["parameters"]
         lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M "
                      f"| {cell(name, lambda r: r['mlm_accuracy'])} | {cell(name, lambda r: r['panx']['transfer'])} "
@@ -227,7 +227,7 @@ def summarize(results, p, out_dir):
                      f"| {cell(name, lambda r: r['xnli']['en'])} | {row} | {xnli} | {ner} | {mlm or '-'} |")
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    curves = [name for name in results if "figure1" in next(iter(results[name].values()))]
+    curves = [name for name in models(p) if "figure1" in next(iter(results[name].values()))]
     for figure, key, xlabel, ylabel in (
             ("figure1", "figure1", "layers kept for fine-tuning", "PAN-X F1, zero-shot average (%)"),
             ("figure2", "figure2", "layer (0: embeddings)", "en->de nearest-neighbour accuracy (%)")):
@@ -256,28 +256,30 @@ def main(argv=None):
     os.makedirs(cfg.out_dir, exist_ok=True)
     started = time.time()
     print(f"preset {'quick' if cfg.quick else device}: {asdict(p)}", flush=True)
+    setup = {"preset": asdict(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}
+    setup_path = os.path.join(cfg.out_dir, "setup.json")
+    if os.path.exists(setup_path) and json.load(open(setup_path)) != json.loads(json.dumps(setup)):
+        raise DataError(f"{cfg.out_dir} holds a run of another preset or other data; choose another --out-dir")
+    with open(setup_path, "w") as f:
+        json.dump(setup, f, indent=1)
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"))
     results_path = os.path.join(cfg.out_dir, "results.json")
-    saved = json.load(open(results_path)) if os.path.exists(results_path) else {}
-    if saved and saved.get("preset") != json.loads(json.dumps(asdict(p))):
-        raise DataError(f"{results_path} holds runs of another preset; choose another --out-dir")
-    results = saved.get("results", {})
-    jobs = [(name, config, seed) for name, config in models(p).items() for seed in range(p.seeds)]
-    for done, (name, config, seed) in enumerate(jobs):
-        if str(seed) not in results.get(name, {}):
-            run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
-            job_started = time.time()
-            results.setdefault(name, {})[str(seed)] = run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir)
-            with open(results_path + ".tmp", "w") as f:
-                json.dump({"preset": asdict(p), "results": results, "seconds": time.time() - started}, f, indent=1)
-            os.replace(results_path + ".tmp", results_path)
-            elapsed = time.time() - started
-            print(f"[{done + 1}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s "
-                  f"| elapsed {elapsed / 60:.1f} min | left about {elapsed / (done + 1) * (len(jobs) - done - 1) / 60:.1f} min",
-                  flush=True)
+    results = json.load(open(results_path))["results"] if os.path.exists(results_path) else {}
+    jobs = [(name, config, seed) for name, config in models(p).items() for seed in range(p.seeds)
+            if str(seed) not in results.get(name, {})]
+    for done, (name, config, seed) in enumerate(jobs, 1):
+        run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
+        job_started = time.time()
+        results.setdefault(name, {})[str(seed)] = run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir)
+        with open(results_path + ".tmp", "w") as f:
+            json.dump({"setup": setup, "results": results, "seconds": time.time() - started}, f, indent=1)
+        os.replace(results_path + ".tmp", results_path)
+        elapsed = time.time() - started
+        print(f"[{done}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s | elapsed "
+              f"{elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min", flush=True)
     print(summarize(results, p, cfg.out_dir))
     print(f"wrote {results_path}, results.md, figure1.png and figure2.png in {cfg.out_dir} "
           f"({(time.time() - started) / 60:.1f} min)")

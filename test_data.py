@@ -166,6 +166,28 @@ def test_languages_are_drawn_with_alpha_smoothed_frequencies(tokenizer, tmp_path
         assert scripts[lang] / n == pytest.approx(p, abs=4 * (p * (1 - p) / n) ** 0.5), scripts
 
 
+def test_a_language_with_fewer_lines_than_streams_keeps_its_share(tokenizer, tmp_path):
+    """16 streams, a language of 3 lines: the 13 streams whose byte range holds none of its lines read a
+    neighbour's, so every stream draws it with p ∝ n^0.5 (not only the 3 that hold a line)."""
+    english = [line for line in (REPO / "sample_data" / "en.txt").read_text().split("\n") if line]
+    write_lines(tmp_path / "en.txt", [english[i % len(english)] for i in range(400)])
+    write_lines(tmp_path / "ru.txt", [line for line in (REPO / "sample_data" / "ru.txt").read_text().split("\n")
+                                      if line][:3])
+    loader = data.MLMLoader(str(tmp_path), tokenizer, batch_size=16, seq_len=24, max_predictions=4, seed=8)
+    russian = sum(bool(re.search("[а-я]", tokenizer.decode(row[1:-1]))) for batch in batches_of(loader, 100)
+                  for row in restore(batch))
+    p = 3 ** 0.5 / (3 ** 0.5 + 20)
+    assert russian / 1600 == pytest.approx(p, abs=4 * (p * (1 - p) / 1600) ** 0.5)
+
+
+def test_a_language_without_a_piece_of_text_is_named_not_waited_for(tokenizer, tmp_path):
+    (tmp_path / "en.txt").write_text("the harbour town\n")
+    (tmp_path / "xx.txt").write_text("\u00a0\n\u00a0\u00a0\n")  # lines of no-break spaces: no pieces at all
+    loader = data.MLMLoader(str(tmp_path), tokenizer, batch_size=1, seq_len=16, max_predictions=2)
+    with pytest.raises(data.DataError, match="xx.txt: no text the tokenizer makes pieces of"):
+        batches_of(loader, 200)
+
+
 def letters(i):
     """A number written with the letters a-j."""
     return "".join("abcdefghij"[int(d)] for d in f"{i:05d}")
@@ -346,15 +368,16 @@ def squad_with(**changes):
 
 
 @pytest.mark.parametrize("name, text, reader, message", [
-    ("dev-en.tsv", "a\tb\tentailment\nc\td\n", "pairs", r"dev-en.tsv:2: 2 tab-separated fields; the first line has 3"),
+    ("dev-en.tsv", "a\tb\tentailment\nc\td\n", "pairs", r"dev-en.tsv:2: 2 tab-separated fields; expected 3"),
+    ("dev-en.tsv", "a\tb\nc\td\tneutral\n", "pairs", r"dev-en.tsv:1: 2 tab-separated fields; expected 3"),
     ("dev-en.tsv", "a\tb\tentailment\nc\td\tmaybe\n", "pairs", r"dev-en.tsv:2: unknown label 'maybe'"),
-    ("dev-en.tsv", "a\tb\n", "labelled pairs", r"dev-en.tsv:1: 2 tab-separated fields; expected sentence1"),
+    ("dev-en.tsv", "a\tb\n", "labelled pairs", r"dev-en.tsv:1: 2 tab-separated fields; expected 3: sentence1"),
     ("dev-en.tsv", "a\tb\tentailment\n" * 6 + 'c\t"d\tneutral\n' + "e\tf\tneutral\n" * 3, "pairs",
      r"dev-en.tsv:7: .* \(a quote never closed\?\)"),
     ("dev-de.tsv", "Berlin\tB-LOC\n\nist\tO\nschön\tB-ADJ\n", "tagging", r"dev-de.tsv:4: unknown label 'B-ADJ'"),
     ("dev-de.tsv", "Berlin\tB-LOC\tx\n", "tagging", r"dev-de.tsv:1: 3 tab-separated fields"),
-    ("dev-de.tsv", "Berlin B-LOC\nist\tO\n", "labelled tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token"),
-    ("dev-de.tsv", "Berlin\nist\tO\n", "tagging", r"dev-de.tsv:2: 2 tab-separated fields; line 1 has 1"),
+    ("dev-de.tsv", "Berlin B-LOC\n", "labelled tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token<TAB>"),
+    ("dev-de.tsv", "Berlin\nist\tO\n", "tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token<TAB>label"),
     ("dev-de.tsv", b"Berlin\tB-LOC\n\nK\xf6ln\tB-LOC\n", "tagging", r"dev-de.tsv:3: not UTF-8"),
     ("x.json", squad_with(answers=[{"answer_start": 15, "text": "Paris"}]), "squad",
      r"x.json: question 'q1': answer 'Paris' is not at answer_start 15"),

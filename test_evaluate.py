@@ -414,7 +414,7 @@ def test_score_classification(tmp_path, capsys):
     assert "3 examples but" in score_error(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\n0\n"))
     bad = write(tmp_path / "bad.tsv", "a\tb\t1\na\tb\n")
     assert "bad.tsv:2: 2 tab-separated fields" in score_error(capsys, "pawsx", bad, tmp_path / "p.txt")
-    assert "bad.tsv:1: 2 tab-separated fields; expected sentence1<TAB>sentence2<TAB>label" in score_error(
+    assert "bad.tsv:1: 2 tab-separated fields; expected 3: sentence1<TAB>sentence2<TAB>label" in score_error(
         capsys, "pawsx", write(bad, "a\tb\nc\td\n"), tmp_path / "p.txt")  # no labels to score against
     assert "bad.tsv:1: unknown label 'neutral'" in score_error(
         capsys, "pawsx", write(bad, "a\tb\tneutral\n"), tmp_path / "p.txt")
@@ -435,9 +435,14 @@ def test_score_reports_each_language_of_xnli_1_0s_own_files(capsys, tmp_path):
 
 def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
     gold = write(tmp_path / "gold.tsv", "a\tb\t1\n")
-    out = subprocess.run([sys.executable, "evaluate.py", "score", "--task", "pawsx", "--gold", str(gold),
-                          "--predictions", str(tmp_path / "missing.txt")], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "missing.txt" in out.stderr, out.stderr
+    for command, message in (
+            (["score", "--task", "pawsx", "--gold", str(gold), "--predictions", str(tmp_path / "missing.txt")],
+             "missing.txt"),
+            (["mlm-accuracy", "--checkpoint", "c.pt", "--data", "d", "--tokenizer", "t", "--device", "xla"],
+             "--device xla needs torch-xla"),
+            (["translation-probe", "--checkpoint", "c.pt", "--tokenizer", "t", "--max-len", "2"], "--max-len")):
+        out = subprocess.run([sys.executable, "evaluate.py", *command], cwd=REPO, capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
 
 def test_score_real_pawsx_and_xnli(capsys, tmp_path):
@@ -460,7 +465,7 @@ def test_score_tagging(tmp_path, capsys):
     assert (result["correct_entities"], result["predicted_entities"], result["gold_entities"]) == (1, 3, 3)
     assert "bad.tsv:4: unknown label 'B-MISC'" in score_error(
         capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tB-MISC\n"))
-    assert "bad.tsv:2: 1 tab-separated fields; line 1 has 2" in score_error(
+    assert "bad.tsv:2: 1 tab-separated fields; expected token<TAB>label" in score_error(
         capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt O\n"))
     assert "bad.tsv:1: 1 tab-separated fields; expected token<TAB>label" in score_error(
         capsys, "panx", write(tmp_path / "bad.tsv", "Anton\nlebt\n"), gold)  # gold without labels

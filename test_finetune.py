@@ -350,6 +350,17 @@ def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
                           "--task", "xnli", "--input", str(tmp_path / "in.tsv"), "--output", str(tmp_path / "out.txt")],
                          cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "in.tsv:2: 1 tab-separated fields" in out.stderr
+    with pytest.raises(DataError, match="fine-tuned for xnli; it cannot predict pawsx's labels"):
+        finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "pawsx",
+                       "--input", str(root / "pairs-en.tsv"), "--output", str(tmp_path / "out.txt")])
+
+
+def test_languages_of_an_evaluation_file():
+    pair = data.PairExample("a", "b", "neutral", "x:1", "de")
+    assert finetune.by_language([pair], "x.tsv") == {"de": [pair]}  # XNLI 1.0's language column
+    questions = [data.SquadExample(f"{name}-{i}", "?", "c", [], 0, "x") for i, name in enumerate(("arabic", "thai"))]
+    assert finetune.by_language(questions, "tydiqa-goldp-v1.1-dev.json") == {"ar": questions[:1], "th": questions[1:]}
+    assert list(finetune.by_language([data.PairExample("a", "b", "0", "x")], "x-final/ko/dev_2k.tsv")) == ["ko"]
 
 
 class FakeRuntime:
@@ -488,6 +499,24 @@ def test_span_decoding_follows_max_context_n_best_and_max_answer_length(tokenize
     assert answer([((f, s, e), 5.0)], max_answer_length=e - s) != "wda wdb wdc"
     # [CLS] and the question are never answers: the best context span wins.
     assert answer([((f, 0, 0), 9.0), ((f, 1, 2), 8.0), ((f, s, int(t["end_positions"][f])), 1.0)]) == "wda"
+
+
+def test_no_span_starts_or_ends_with_a_blank(tokenizer):
+    """Whatever the logits, an answer never begins or ends with what SentencePiece reads as blank: a lone "▁"
+    piece, a zero-width space, a left-to-right mark, or the leading bytes of a character (their spans are empty)."""
+    context = "Mark Ruffalo \u200b港口 \u200eplays 牛顿阐述"
+    example = data.SquadExample("q", "who?", context, [{"text": "Mark", "answer_start": 0}], 0, "test")
+    t, meta = finetune.squad_features(tokenizer, [example], seq_len=64, doc_stride=32, max_query_length=8)
+    positions = [k for k, o in enumerate(meta[0]["offsets"]) if o is not None]
+    answers = set()
+    for s in positions:
+        for e in positions[positions.index(s):]:
+            start, end = torch.full((1, 64), -10.0), torch.full((1, 64), -10.0)
+            start[0, s], end[0, e] = 10.0, 10.0
+            answers.add(finetune.decode_spans([example], meta, start, end, n_best=1)["q"])
+    answers.discard("")
+    assert answers and all(not tokenizer.is_blank(a[0]) and not tokenizer.is_blank(a[-1]) for a in answers), answers
+    assert "港口" in answers and "Ruffalo" in answers
 
 
 @pytest.fixture(scope="module")

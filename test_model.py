@@ -10,7 +10,7 @@ import torch
 
 from configs import CONFIGS
 from model import (DataError, Encoder, MaskedLM, ModelConfig, SequenceClassifier, SpanExtractor, TokenClassifier,
-                   count_parameters, save_hf)
+                   count_parameters, load_checkpoint, save_hf)
 
 SMALL = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64,
                     input_embedding_size=16, output_embedding_size=48, tie_embeddings=False,
@@ -129,6 +129,24 @@ def test_malformed_safetensors_are_refused_by_name(tmp_path, header):
     (tmp_path / "model.safetensors").write_bytes(header)
     with pytest.raises(DataError, match="model.safetensors: not a readable safetensors file"):
         Encoder.from_hf(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["central directory compression", "local header name length", "not a zip"])
+def test_damaged_checkpoints_are_refused_by_name(tmp_path, damage):
+    """Whatever the damage, one DataError naming the file (pretrain.py then tries the checkpoint before it)."""
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": MaskedLM(SMALL).state_dict()}, path)
+    raw = bytearray(path.read_bytes())
+    if damage == "central directory compression":
+        central = raw.rindex(b"PK\x01\x02")  # the last record's entry in the central directory
+        raw[central + 10] = 0x63  # an unknown compression method
+    elif damage == "local header name length":
+        raw[26] = 0xFF
+    else:
+        raw = bytearray(b"\x80\x02 a pickle, not a zip" + bytes(100))
+    path.write_bytes(raw)
+    with pytest.raises(DataError, match=r"ckpt.pt: damaged"):
+        load_checkpoint(path)
 
 
 def test_from_hf_without_head_warns_and_pytorch_bin(tmp_path):

@@ -236,8 +236,10 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_is_used(tokeniz
 
 def test_checkpoint_from_another_config_is_refused(tokenizer, tmp_path):
     run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
-    with pytest.raises(DataError, match=r"another model \(hidden_size 128 then, 64 now\)"):
+    with pytest.raises(DataError, match=r"another model or training \(hidden_size 128 then, 64 now\)"):
         run(tokenizer, tmp_path, "--steps", "4", "--hidden-size", "64", "--resume")
+    with pytest.raises(DataError, match=r"\(lr 0.001 then, 0.002 now\)"):
+        run(tokenizer, tmp_path, "--steps", "4", "--lr", "2e-3", "--resume")
     with pytest.raises(DataError, match="pass --resume"):
         run(tokenizer, tmp_path, "--steps", "4")
 
