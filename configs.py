@@ -17,7 +17,7 @@ from dataclasses import MISSING, fields, replace
 
 import torch
 
-from model import DataError, ModelConfig
+from model import DataError, MaskedLM, ModelConfig, count_parameters
 
 # mBERT's shape (Appendix A.2). The paper's models use no dropout (A.2, following ALBERT).
 MBERT = ModelConfig(vocab_size=120_000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
@@ -92,8 +92,6 @@ PAPER_PARAMETERS = {
 
 def parameter_counts(name):
     """count_parameters of CONFIGS[name], built on the meta device: shapes only, no memory."""
-    import torch
-    from model import MaskedLM, count_parameters
     with torch.device("meta"):
         return count_parameters(MaskedLM(CONFIGS[name]))
 

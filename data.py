@@ -188,13 +188,9 @@ class Tokenizer:
         if not os.path.isfile(model_file):
             raise FileNotFoundError(f"{model_file}: no such SentencePiece model")
         self.model_file = str(model_file)
-        with open(model_file, "rb") as f:
-            self._load(f.read())
-
-    def _load(self, proto):
-        try:
-            self.sp = spm.SentencePieceProcessor(model_proto=proto)
-        except RuntimeError as e:
+        try:  # (a SentencePieceProcessor pickles as its model: DataLoader workers may be spawned)
+            self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
+        except (RuntimeError, OSError) as e:
             raise DataError(f"{self.model_file}: not a SentencePiece model ({e})") from None
         self.vocab_size = self.sp.get_piece_size()
 
@@ -214,13 +210,6 @@ class Tokenizer:
         special[[self.pad_id, self.cls_id, self.sep_id, self.mask_id]] = True
         self.normal_ids = np.flatnonzero(~special)  # what a "random token" of the 80/10/10 rule may be
         self._blank = {}
-
-    def __getstate__(self):  # DataLoader workers may be spawned: send the model itself
-        return {"model_file": self.model_file, "proto": self.sp.serialized_model_proto()}
-
-    def __setstate__(self, state):
-        self.model_file = state["model_file"]
-        self._load(state["proto"])
 
     def encode(self, text):
         return self.sp.encode(text)

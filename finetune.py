@@ -51,7 +51,7 @@ import evaluate
 from configs import CONFIGS, parse_command_line, resolve_device, run_script
 from model import (DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier, load_checkpoint,
                    save_hf)
-from pretrain import (build_optimizer, lr_at, remove_partial_saves, restore_training_state, setup_runtime,
+from pretrain import (build_optimizer, launch, lr_at, remove_partial_saves, restore_training_state, setup_runtime,
                       weights_are_sound)
 
 
@@ -727,20 +727,12 @@ def run(cfg):
     return tables[best]
 
 
-def _launched(index, cfg):  # torch_xla.launch passes the process index first
-    run(cfg)
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["predict"]:
         return predict_file(parse_command_line(__doc__, {"predict": PredictConfig}, argv)[1])
     _, cfg = parse_command_line(__doc__, FinetuneConfig, argv)
-    if resolve_device(cfg.device) == "xla":
-        import torch_xla
-        torch_xla.launch(_launched, args=(cfg,))  # one process per core/chip
-    else:
-        return run(cfg)
+    return launch(run, cfg.device, cfg)
 
 
 if __name__ == "__main__":

@@ -495,17 +495,21 @@ def last_good(out_dir):
     return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
 
 
-def _launched(index, model_config, train_config):  # torch_xla.launch passes the process index first
-    train(model_config, train_config)
+def launch(function, device, *args):
+    """function(*args) in this process, or on XLA in one process per core or chip (torch_xla.launch)."""
+    if resolve_device(device) != "xla":
+        return function(*args)
+    import torch_xla
+    torch_xla.launch(_without_index, args=(function, *args))
+
+
+def _without_index(index, function, *args):  # torch_xla.launch passes the process index first
+    function(*args)
 
 
 def main(argv=None):
     model_config, train_config = parse_args(argv)
-    if resolve_device(train_config.device) == "xla":
-        import torch_xla
-        torch_xla.launch(_launched, args=(model_config, train_config))  # one process per core/chip
-    else:
-        train(model_config, train_config)
+    launch(train, train_config.device, model_config, train_config)
 
 
 if __name__ == "__main__":
