@@ -367,6 +367,13 @@ def build_model(task, encoder, dropout):
     return SpanExtractor(encoder)
 
 
+def write_json(path, obj):
+    """Written whole or not at all: a temporary file, then renamed (a crash never leaves half a file)."""
+    with open(path + ".tmp", "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(path + ".tmp", path)
+
+
 def sha256(path):
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
@@ -380,9 +387,7 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     info = {k: getattr(cfg, k) for k in ("task", "seq_len", "doc_stride", "max_query_length", "max_answer_length",
                                          "n_best")}
     info["sha256"] = {name: sha256(os.path.join(path, name)) for name in ("model.safetensors", "sentencepiece.model")}
-    with open(os.path.join(path, "finetune.json.tmp"), "w") as f:
-        json.dump(info, f, indent=2)
-    os.replace(os.path.join(path, "finetune.json.tmp"), os.path.join(path, "finetune.json"))
+    write_json(os.path.join(path, "finetune.json"), info)
 
 
 def load_finetuned(path):
@@ -621,9 +626,7 @@ def check_out_dir(cfg, runtime, log):
     if not os.path.exists(path):
         if runtime.is_main:
             os.makedirs(cfg.out_dir, exist_ok=True)
-            with open(path + ".tmp", "w") as f:
-                json.dump(ours, f, indent=2)
-            os.replace(path + ".tmp", path)
+            write_json(path, ours)
         return
     if not cfg.resume:
         raise DataError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
@@ -702,9 +705,7 @@ def run(cfg):
             evaluate.print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
             if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
                 save_finetuned(model.cpu(), cfg, tokenizer_file, run_dir)
-                with open(scores_path + ".tmp", "w") as f:
-                    json.dump(scores, f, indent=2)
-                os.replace(scores_path + ".tmp", scores_path)
+                write_json(scores_path, scores)
                 os.remove(os.path.join(run_dir, "train-state.pt"))
                 log(f"saved the fine-tuned model to {run_dir}")
 
@@ -720,9 +721,8 @@ def run(cfg):
                 f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")
-        with open(path, "w") as f:
-            json.dump({"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
-                       "per_lr": {f"{lr:g}": table for lr, table in tables.items()}}, f, indent=2)
+        write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
+                          "per_lr": {f"{lr:g}": table for lr, table in tables.items()}})
         log(f"wrote {path}")
     return tables[best]
 

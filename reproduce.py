@@ -258,25 +258,22 @@ def main(argv=None):
     print(f"preset {'quick' if cfg.quick else device}: {asdict(p)}", flush=True)
     setup = {"preset": asdict(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}
     setup_path = os.path.join(cfg.out_dir, "setup.json")
-    if os.path.exists(setup_path) and json.load(open(setup_path)) != json.loads(json.dumps(setup)):
+    if os.path.exists(setup_path) and evaluate.read_json(setup_path) != json.loads(json.dumps(setup)):
         raise DataError(f"{cfg.out_dir} holds a run of another preset or other data; choose another --out-dir")
-    with open(setup_path, "w") as f:
-        json.dump(setup, f, indent=1)
+    finetune.write_json(setup_path, setup)
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"))
     results_path = os.path.join(cfg.out_dir, "results.json")
-    results = json.load(open(results_path))["results"] if os.path.exists(results_path) else {}
+    results = evaluate.read_json(results_path)["results"] if os.path.exists(results_path) else {}
     jobs = [(name, config, seed) for name, config in models(p).items() for seed in range(p.seeds)
             if str(seed) not in results.get(name, {})]
     for done, (name, config, seed) in enumerate(jobs, 1):
         run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
         job_started = time.time()
         results.setdefault(name, {})[str(seed)] = run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir)
-        with open(results_path + ".tmp", "w") as f:
-            json.dump({"setup": setup, "results": results, "seconds": time.time() - started}, f, indent=1)
-        os.replace(results_path + ".tmp", results_path)
+        finetune.write_json(results_path, {"setup": setup, "results": results, "seconds": time.time() - started})
         elapsed = time.time() - started
         print(f"[{done}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s | elapsed "
               f"{elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min", flush=True)
