@@ -28,6 +28,7 @@ import json
 import math
 import os
 import random
+import re
 import shutil
 import statistics
 import tempfile
@@ -37,7 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 from configs import CONFIGS, parse_command_line, resolve_device, run_script
-from model import Encoder, MaskedLM, SequenceClassifier, save_hf
+from model import DataError, Encoder, MaskedLM, SequenceClassifier, save_hf
 
 PHASES = ("pretrain", "finetune", "infer")
 NUM_LABELS = 3  # XNLI's
@@ -182,8 +183,11 @@ class ModelBenchmark:
             raise ValueError(f"--config is a configs.py name, --phases of {PHASES}, --device cpu or cuda")
         if CONFIGS[self.config].pretraining_only_layers:
             raise ValueError(f"--config {self.config}: transformers' RemBERT has no pre-training-only layers")
-        if min(self.batch_size, self.seq_len, self.predictions, self.steps, self.warmup) < 1:
-            raise ValueError("--batch-size, --seq-len, --predictions, --steps and --warmup must be positive")
+        if min(self.batch_size, self.seq_len, self.predictions, self.steps, self.warmup, self.threads) < 1:
+            raise ValueError("--batch-size, --seq-len, --predictions, --steps, --warmup and --threads must be positive")
+        if not 3 <= self.seq_len <= CONFIGS[self.config].max_position_embeddings:
+            raise ValueError(f"--seq-len must be in [3, {CONFIGS[self.config].max_position_embeddings}] for "
+                             f"{self.config}")
         resolve_device(self.device)
 
 
@@ -250,6 +254,12 @@ class LoaderBenchmark:
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
     seconds: float = field(default=60.0, metadata={"help": "how long to stream, after 5 batches"})
 
+    def __post_init__(self):
+        if min(self.languages, self.batch_size, self.seq_len - 2) < 1 or self.num_workers < 0:
+            raise ValueError("--languages and --batch-size must be positive, --seq-len at least 3, --num-workers >= 0")
+        if not (self.size_gb > 0 and self.seconds > 0):
+            raise ValueError("--size-gb and --seconds must be positive")
+
 
 def generate_corpus(root, size, languages, seed=0):
     """{root}/l000.txt ... : languages x size / languages bytes of sample_data/ sentences (the n-th
@@ -258,6 +268,10 @@ def generate_corpus(root, size, languages, seed=0):
     done = os.path.join(root, f"COMPLETE-{size}-{languages}")
     if os.path.exists(done):
         return root
+    if os.path.isdir(root) and not all(re.fullmatch(r"l\d{3}\.txt|COMPLETE-.*|\.rembert-index\..*", name)
+                                       for name in os.listdir(root)):
+        raise DataError(f"--corpus-dir {root}: a directory this benchmark did not write; it replaces what it "
+                        f"writes, so give it an empty or new one")
     shutil.rmtree(root, ignore_errors=True)
     os.makedirs(root)
     rng = random.Random(seed)

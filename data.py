@@ -35,6 +35,7 @@ MLQA, TyDiQA-GoldP) return examples; a bad file fails with its name and line.
 import collections
 import csv
 import functools
+import hashlib
 import io
 import itertools
 import json
@@ -50,7 +51,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from model import DataError
+from model import DataError, load_checkpoint
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -142,7 +143,9 @@ def line_counts(paths):
         indexes[directory][os.path.basename(path)] = key + [n]
     for directory in {d for d, _, _ in todo}:
         tmp = os.path.join(directory, f"{INDEX}.{os.getpid()}.tmp")  # one per process: written whole, then renamed
-        try:  # a read-only corpus directory is counted again next time
+        try:  # a read-only corpus directory (read-only by its mode bits, even to root) is counted again next time
+            if not os.stat(directory).st_mode & 0o222:
+                raise PermissionError(directory)
             with open(tmp, "w") as f:
                 json.dump(indexes[directory], f)
             os.replace(tmp, os.path.join(directory, INDEX))
@@ -188,6 +191,7 @@ class Tokenizer:
         if not os.path.isfile(model_file):
             raise FileNotFoundError(f"{model_file}: no such SentencePiece model")
         self.model_file = str(model_file)
+        self.sha256 = sha256(model_file)  # what a checkpoint records of the tokenizer it was trained with
         try:  # (a SentencePieceProcessor pickles as its model: DataLoader workers may be spawned)
             self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
         except (RuntimeError, OSError) as e:
@@ -237,6 +241,29 @@ class Tokenizer:
 
     def decode(self, ids):
         return self.sp.decode([int(i) for i in ids])
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def tokenizer_for(model_path, tokenizer_file=""):
+    """The tokenizer of a saved model: `tokenizer_file`, or else the one saved with it (a Hugging Face
+    directory's sentencepiece.model, the file a pretrain.py checkpoint recorded). Where both are known they
+    must be the same model (by SHA-256): another vocabulary would give the model wrong ids without a word."""
+    if os.path.isdir(model_path):
+        path = os.path.join(model_path, "sentencepiece.model")
+        saved = {"path": path, "sha256": sha256(path)} if os.path.isfile(path) else None
+    else:
+        saved = load_checkpoint(model_path).get("tokenizer")
+    if saved is None and not tokenizer_file:
+        raise DataError(f"{model_path}: no tokenizer was saved with it; pass --tokenizer")
+    tokenizer = Tokenizer(tokenizer_file or saved["path"])
+    if saved is not None and tokenizer.sha256 != saved["sha256"]:
+        raise DataError(f"{tokenizer.model_file} is not the tokenizer {model_path} was trained with "
+                        f"({saved['path']}, SHA-256 {saved['sha256'][:12]}...)")
+    return tokenizer
 
 
 def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_000_000, seed=0):
@@ -616,10 +643,11 @@ def read_pairs(path, labels=None, labelled=False):
 _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:")
 
 
-def read_tagging(path, labels=None, labelled=False):
+def read_tagging(path, labels=None, labelled=False, spaces=True):
     """PAN-X / UD-POS: token<TAB>label lines, a blank line between sentences. A file without labels (tokens
-    alone) is refused when labelled=True. The raw XTREME files prefix every token with its language
-    ("en:Paris"); when all tokens share one such prefix, it is removed."""
+    alone) is refused when labelled=True; spaces=False refuses a token holding whitespace (PAN-X's never
+    do; UD's Vietnamese words do). The raw XTREME files prefix every token with its language ("en:Paris");
+    when all tokens share one such prefix, it is removed."""
     lines = read_text(path).split("\n")
     width = 2 if labelled or any("\t" in line for line in lines) else 1  # a label on any line: on every line
     sentences, current = [], []
@@ -633,6 +661,9 @@ def read_tagging(path, labels=None, labelled=False):
         if len(fields) != width or not fields[0]:
             raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields; expected "
                             f"{'token<TAB>label' if width == 2 else 'a token'}")
+        if not spaces and any(ch.isspace() for ch in fields[0]):
+            raise DataError(f"{path}:{number}: the token {fields[0][:40]!r} holds whitespace; expected one token "
+                            f"per line{' and its label' if width == 2 else ''}")
         if labels is not None and width == 2:
             check_label(fields[1], labels, f"{path}:{number}")
         current.append((number, fields))

@@ -20,12 +20,10 @@ object, figures in percent:
   python evaluate.py score --task mlqa --lang zh --gold dev-context-zh-question-zh.json --predictions pred.json
   python evaluate.py score --task panx --gold test-de.tsv --predictions pred-de.tsv
   python evaluate.py score --task xnli --gold dev-de.tsv --predictions pred-de.txt
-Analyses (one process, on --device: auto picks a GPU when torch sees one):
-  python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-00000800.pt --tokenizer out/tokenizer/spm.model \
-      --data held_out.txt
+Analyses (one process, on --device: auto picks a GPU when torch sees one; the checkpoint's own tokenizer):
+  python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-00000800.pt --data held_out.txt
   python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800.pt \
-      --tokenizer out/tokenizer/spm.model --source ../shared/data/xquad/xquad.en.json \
-      --target ../shared/data/xquad/xquad.zh.json
+      --source ../shared/data/xquad/xquad.en.json --target ../shared/data/xquad/xquad.zh.json
 """
 
 import itertools
@@ -280,8 +278,8 @@ def score_files(task, gold_path, predictions_path, lang=None):
                                    for lang, group in itertools.groupby(pairs, key=lambda pair: pair[0].language)}
         return result
     if task in TAGGING_LABELS:
-        gold = data.read_tagging(gold_path, TAGGING_LABELS[task], labelled=True)
-        predicted = data.read_tagging(predictions_path, TAGGING_LABELS[task], labelled=True)
+        gold = data.read_tagging(gold_path, TAGGING_LABELS[task], labelled=True, spaces=task != "panx")
+        predicted = data.read_tagging(predictions_path, TAGGING_LABELS[task], labelled=True, spaces=task != "panx")
         if len(gold) != len(predicted):
             raise DataError(f"{gold_path} has {len(gold)} sentences but {predictions_path} has {len(predicted)}")
         for g, p in zip(gold, predicted):
@@ -430,7 +428,7 @@ class MLMAccuracyConfig:
     """masked-LM accuracy on held-out text (Table 8); prints one JSON object"""
     checkpoint: str = field(default="", metadata={"help": "a pretrain.py checkpoint or a Hugging Face RemBERT dir"})
     data: str = field(default="", metadata={"help": "held-out text: a file or a directory of *.txt (as pretrain.py)"})
-    tokenizer: str = field(default="", metadata={"help": "the SentencePiece model the checkpoint was trained with"})
+    tokenizer: str = field(default="", metadata={"help": "SentencePiece model (default: the checkpoint's)"})
     batches: int = field(default=50, metadata={"help": "batches of the masked-LM stream to score"})
     seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
     max_predictions: int = field(default=20, metadata={"help": "masked positions per sequence"})
@@ -439,10 +437,11 @@ class MLMAccuracyConfig:
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
 
     def __post_init__(self):
-        if not (self.checkpoint and self.data and self.tokenizer):
-            raise ValueError("--checkpoint, --data and --tokenizer are required")
-        if min(self.batches, self.max_predictions, self.batch_size, self.seq_len - 2) < 1:
-            raise ValueError("--batches, --max-predictions and --batch-size must be positive, --seq-len at least 3")
+        if not (self.checkpoint and self.data):
+            raise ValueError("--checkpoint and --data are required")
+        if min(self.batches, self.max_predictions, self.batch_size, self.seq_len - 2, self.seed + 1) < 1:
+            raise ValueError("--batches, --max-predictions and --batch-size must be positive, --seq-len at least 3, "
+                             "--seed >= 0")
         resolve_device(self.device)
 
 
@@ -450,7 +449,7 @@ class MLMAccuracyConfig:
 class ProbeConfig:
     """per-layer nearest-neighbour translation accuracy (Figure 2's method)"""
     checkpoint: str = field(default="", metadata={"help": "a pretrain.py checkpoint or a Hugging Face RemBERT dir"})
-    tokenizer: str = field(default="", metadata={"help": "the SentencePiece model the checkpoint was trained with"})
+    tokenizer: str = field(default="", metadata={"help": "SentencePiece model (default: the checkpoint's)"})
     source: str = field(default=str(XQUAD / "xquad.en.json"), metadata={
         "help": "source sentences: SQuAD-format JSON, or a text file line-parallel to --target"})
     target: str = field(default=str(XQUAD / "xquad.de.json"), metadata={"help": "target sentences, parallel"})
@@ -461,10 +460,10 @@ class ProbeConfig:
     device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
 
     def __post_init__(self):
-        if not (self.checkpoint and self.tokenizer) or self.unit not in ("questions", "contexts"):
-            raise ValueError("--checkpoint and --tokenizer are required; --unit is questions or contexts")
-        if min(self.batch_size, self.max_len - 2) < 1:
-            raise ValueError("--batch-size must be positive, --max-len at least 3")
+        if not self.checkpoint or self.unit not in ("questions", "contexts"):
+            raise ValueError("--checkpoint is required; --unit is questions or contexts")
+        if min(self.batch_size, self.max_len - 2, self.seed + 1) < 1:
+            raise ValueError("--batch-size must be positive, --max-len at least 3, --seed >= 0")
         resolve_device(self.device)
 
 
@@ -479,11 +478,11 @@ def main(argv=None):
     if kind == "xla":
         import torch_xla
     device = torch_xla.device() if kind == "xla" else torch.device(kind)
-    tokenizer = data.Tokenizer(cfg.tokenizer)
+    tokenizer = data.tokenizer_for(cfg.checkpoint, cfg.tokenizer)
     model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
     length = cfg.seq_len if command == "mlm-accuracy" else cfg.max_len
     if tokenizer.vocab_size > model.config.vocab_size or length > model.config.max_position_embeddings:
-        raise DataError(f"{cfg.tokenizer} ({tokenizer.vocab_size} pieces) or the length {length} does not fit "
+        raise DataError(f"{tokenizer.model_file} ({tokenizer.vocab_size} pieces) or the length {length} does not fit "
                         f"{cfg.checkpoint} (vocab_size {model.config.vocab_size}, "
                         f"{model.config.max_position_embeddings} positions)")
     if command == "mlm-accuracy":

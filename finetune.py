@@ -33,7 +33,7 @@ parallel --eval file on the rest (XQuAD by article).
 
 import copy
 import dataclasses
-import hashlib
+import glob
 import json
 import math
 import os
@@ -132,9 +132,13 @@ class FinetuneConfig:
         positive = (self.eval_batch_size, self.epochs, self.log_every, self.checkpoint_every, self.doc_stride,
                     self.max_query_length, self.max_answer_length, self.n_best)
         if min(positive) < 1 or min([self.batch_size, self.seq_len, self.max_train, self.max_eval,
-                                     self.keep_layers, *self.seeds, *self.lr]) < 0:
-            raise ValueError("sizes, counts, seeds and learning rates cannot be negative (the QA sizes, --epochs, "
+                                     self.keep_layers, *self.seeds]) < 0:
+            raise ValueError("sizes, counts and seeds cannot be negative (the QA sizes, --epochs, "
                              "--eval-batch-size, --log-every and --checkpoint-every not zero)")
+        if not all(0 < x < math.inf for x in [*self.lr, self.max_grad_norm]) or not self.weight_decay >= 0:
+            raise ValueError("--lr and --max-grad-norm must be positive numbers, --weight-decay >= 0")
+        if not (0 <= self.warmup_fraction < 1 and 0 <= self.dropout < 1):
+            raise ValueError("--warmup-fraction and --dropout must be in [0, 1)")
         resolve_device(self.device)
 
 
@@ -155,6 +159,10 @@ class PredictConfig:
     def __post_init__(self):
         if not (self.model and self.input and self.output) or self.task not in TASKS:
             raise ValueError(f"--model, --input, --output and --task ({', '.join(TASKS)}) are required")
+        if os.path.realpath(self.output) == os.path.realpath(self.input):
+            raise ValueError("--output is --input: the predictions would overwrite the file they are made from")
+        if self.batch_size < 1:
+            raise ValueError("--batch-size must be positive")
         resolve_device(self.device)
 
 
@@ -324,15 +332,14 @@ def features(task, tokenizer, examples, settings, training):
 # ----------------------------------------------------------------------------------------------
 # The model: an encoder from a checkpoint, a HF directory or random weights, plus the task's head
 
-def tokenizer_path(cfg):
-    """--tokenizer, or the one beside a Hugging Face directory or recorded in a pre-training checkpoint."""
-    if cfg.tokenizer:
-        return cfg.tokenizer
-    if cfg.config:
+def load_tokenizer(cfg):
+    """--tokenizer, or the one saved with --init (a Hugging Face directory's, a pre-training checkpoint's);
+    when both are there, they must be the same."""
+    if not cfg.config:
+        return data.tokenizer_for(cfg.init, cfg.tokenizer)
+    if not cfg.tokenizer:
         raise DataError("--config (random weights) needs --tokenizer")
-    if os.path.isdir(cfg.init):
-        return os.path.join(cfg.init, "sentencepiece.model")
-    return load_checkpoint(cfg.init)["train_config"]["tokenizer"]
+    return data.Tokenizer(cfg.tokenizer)
 
 
 def build_encoder(cfg, log):
@@ -374,11 +381,6 @@ def write_json(path, obj):
     os.replace(path + ".tmp", path)
 
 
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
 def save_finetuned(model, cfg, tokenizer_file, path):
     """transformers' RemBertFor... layout, the tokenizer, and finetune.json (the task, its settings and the
     files' digests, written last: a directory with it is complete)."""
@@ -386,7 +388,8 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
     info = {k: getattr(cfg, k) for k in ("task", "seq_len", "doc_stride", "max_query_length", "max_answer_length",
                                          "n_best")}
-    info["sha256"] = {name: sha256(os.path.join(path, name)) for name in ("model.safetensors", "sentencepiece.model")}
+    info["sha256"] = {name: data.sha256(os.path.join(path, name))
+                      for name in ("model.safetensors", "sentencepiece.model")}
     write_json(os.path.join(path, "finetune.json"), info)
 
 
@@ -400,7 +403,7 @@ def load_finetuned(path):
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e!r})") from None
     for name, digest in digests.items():
-        if sha256(os.path.join(path, name)) != digest:
+        if data.sha256(os.path.join(path, name)) != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 differs from the one saved with it)")
     model = build_model(task, Encoder.from_hf(path), dropout=0.0)
     head = "qa_outputs" if task.kind == "qa" else "classifier"
@@ -420,8 +423,9 @@ def read_examples(task, path, labelled=True):
         if labelled and unanswered:
             raise DataError(f"{unanswered[0]}: no answer to train or evaluate on")
         return examples
-    read = data.read_pairs if task.kind == "classification" else data.read_tagging
-    return read(path, task.labels, labelled)
+    if task.kind == "classification":
+        return data.read_pairs(path, task.labels, labelled)
+    return data.read_tagging(path, task.labels, labelled, spaces=task is not TASKS["panx"])
 
 
 def by_language(examples, spec):
@@ -616,14 +620,16 @@ def with_defaults(cfg, encoder_config, log):
 
 
 def check_out_dir(cfg, runtime, log):
-    """A fresh --out-dir records the training settings; one that holds runs needs --resume and the same
-    settings, so that resumed and reused runs are runs of this command."""
+    """A fresh --out-dir records the training settings; one that holds runs (finished, or with a saved state)
+    needs --resume and the same settings, so that resumed and reused runs are runs of this command."""
     path = os.path.join(cfg.out_dir, "finetune-config.json")
     ours = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING}
     for key in ("init", "tokenizer", "train"):  # a file however it is spelled: relative, absolute, via a link
         ours[key] = ours[key] and os.path.realpath(ours[key])
     ours["eval"] = [re.sub(r"[^=]+$", lambda m: os.path.realpath(m.group()), spec) for spec in cfg.eval]
-    if not os.path.exists(path):
+    runs = glob.glob(os.path.join(cfg.out_dir, "lr-*", "seed-*", "*.json")) + glob.glob(
+        os.path.join(cfg.out_dir, "lr-*", "seed-*", "train-state.pt"))
+    if not runs:
         if runtime.is_main:
             os.makedirs(cfg.out_dir, exist_ok=True)
             write_json(path, ours)
@@ -631,11 +637,7 @@ def check_out_dir(cfg, runtime, log):
     if not cfg.resume:
         raise DataError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
                         f"or choose another --out-dir")
-    try:
-        with open(path) as f:
-            theirs = json.load(f)
-    except ValueError as e:
-        raise DataError(f"{path}: {e}") from None
+    theirs = evaluate.read_json(path)
     differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
               for k, v in ours.items() if theirs.get(k) != v]
     if differ:
@@ -662,10 +664,9 @@ def run(cfg):
     log(f"finetune config: {asdict(cfg)}")
     settings = {k: getattr(cfg, k)
                 for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
-    tokenizer_file = tokenizer_path(cfg)
-    tokenizer = data.Tokenizer(tokenizer_file)
+    tokenizer = load_tokenizer(cfg)
     if tokenizer.vocab_size > base.config.vocab_size:
-        raise DataError(f"{tokenizer_file} has {tokenizer.vocab_size} pieces, more than the model's vocab_size "
+        raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces, more than the model's vocab_size "
                         f"{base.config.vocab_size}: not the model's tokenizer")
 
     examples = read_examples(task, cfg.train)
@@ -704,7 +705,7 @@ def run(cfg):
             sweep[lr][seed] = scores
             evaluate.print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
             if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
-                save_finetuned(model.cpu(), cfg, tokenizer_file, run_dir)
+                save_finetuned(model.cpu(), cfg, tokenizer.model_file, run_dir)
                 write_json(scores_path, scores)
                 os.remove(os.path.join(run_dir, "train-state.pt"))
                 log(f"saved the fine-tuned model to {run_dir}")

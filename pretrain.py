@@ -83,8 +83,10 @@ class TrainConfig:
                      "checkpoint_every", "keep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if self.num_workers < 0 or self.warmup < 0:
-            raise ValueError("--num-workers and --warmup must be >= 0")
+        if min(self.num_workers, self.warmup, self.seed) < 0 or not self.weight_decay >= 0:
+            raise ValueError("--num-workers, --warmup, --seed and --weight-decay must be >= 0")
+        if not (0 < self.lr < math.inf and 0 < self.max_grad_norm < math.inf):
+            raise ValueError("--lr and --max-grad-norm must be positive numbers")
         if self.warmup >= self.steps:
             raise ValueError(f"--warmup ({self.warmup}) must be below --steps ({self.steps})")
         if self.compile and self.device == "xla":
@@ -319,10 +321,12 @@ def newest_intact_checkpoint(out_dir, log):
     raise DataError(f"{out_dir}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
 
 
-def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config):
+def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer):
     checkpoint = {
         "model": model.state_dict(), "config": asdict(model_config), "train_config": asdict(cfg),
         "optimizer": optimizer.state_dict(), "step": step,
+        # The tokenizer by absolute path and digest: fine-tuning and evaluation find it and check it.
+        "tokenizer": {"path": os.path.abspath(tokenizer.model_file), "sha256": tokenizer.sha256},
         # Per process (index = rank): each reads its own shard and draws its own dropout.
         "loader": runtime.gather_object(loader.state_dict()), "rng": runtime.gather_object(runtime.rng_state()),
     }
@@ -432,6 +436,11 @@ def train(model_config, cfg):
         if differ:
             raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
                             f"the same --config, overrides and training flags, or another --out-dir")
+        if checkpoint.get("tokenizer", {}).get("sha256", tokenizer.sha256) != tokenizer.sha256:
+            raise DataError(f"{path} was trained with the tokenizer {checkpoint['tokenizer']['path']}; "
+                            f"{cfg.tokenizer} is another one")
+        if checkpoint["step"] > cfg.steps:
+            raise DataError(f"{path} is at step {checkpoint['step']}, past --steps {cfg.steps}")
         restore_training_state(runtime, checkpoint, path, raw_model, optimizer)
         loader.load_state_dict(checkpoint["loader"][runtime.rank])
         step = checkpoint["step"]
@@ -440,6 +449,8 @@ def train(model_config, cfg):
         raise DataError(f"{cfg.out_dir} already holds checkpoints; pass --resume to continue that run, "
                         f"or choose another --out-dir")
     else:
+        if cfg.resume:
+            log(f"--resume: no checkpoint in {cfg.out_dir} yet; starting at step 0")
         torch.manual_seed(cfg.seed + 1 + runtime.rank)  # dropout: different draws in each process
     os.makedirs(cfg.out_dir, exist_ok=True)
 
@@ -484,7 +495,7 @@ def train(model_config, cfg):
         if not weights_are_sound(raw_model, micro_batches[-1], runtime):
             raise FloatingPointError(f"the update of step {step} broke the weights (not finite, or a non-finite "
                                      f"loss); not saved. {last_good(cfg.out_dir)} (try a lower --lr)")
-        path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config)
+        path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config, tokenizer)
         log(f"saved {path}")
     log(f"done: {cfg.steps} steps in {(time.time() - started) / 60:.1f} min")
     return raw_model

@@ -116,6 +116,8 @@ class ReproduceConfig:
     def __post_init__(self):
         if self.device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
+        if self.seeds < 0:
+            raise ValueError("--seeds must be >= 0 (0: the preset's)")
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("reproduce.py draws its figures with matplotlib: pip install matplotlib")
         resolve_device(self.device)

@@ -56,3 +56,15 @@ def test_loader_command_streams_a_many_language_corpus(tmp_path):
                          cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert "corpus: 12 languages" in out and "tokens/s" in out and "workers" in out
     assert len(list(tmp_path.glob("l*.txt"))) == 12
+
+
+def test_a_directory_it_did_not_write_and_bad_settings_are_refused(tmp_path):
+    (tmp_path / "en.txt").write_text("a user's corpus\n")
+    for command, message in ((["loader", "--corpus-dir", str(tmp_path), "--size-gb", "0.0001", "--seconds", "1"],
+                              "a directory this benchmark did not write"),
+                             (["loader", "--batch-size", "0"], "--batch-size must be positive"),
+                             (["model", "--config", "tiny", "--threads", "0"], "--threads must be positive"),
+                             (["model", "--config", "tiny", "--seq-len", "1000"], "--seq-len must be in [3, 512]")):
+        out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["en.txt"]  # nothing deleted

@@ -94,6 +94,27 @@ def test_special_pieces_are_found_by_name_and_a_missing_one_is_an_error(tmp_path
         data.Tokenizer(str(tmp_path / "bare.model"))
 
 
+def test_a_model_finds_its_own_tokenizer_and_refuses_another(tokenizer, tmp_path, monkeypatch):
+    other = data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 600, str(tmp_path / "other")))
+    # A pretrain.py checkpoint records its tokenizer by absolute path and digest: found from any directory.
+    record = {"path": str(Path(tokenizer.model_file).resolve()), "sha256": tokenizer.sha256}
+    torch.save({"model": {}, "tokenizer": record}, tmp_path / "ckpt.pt")
+    monkeypatch.chdir(tmp_path)
+    assert data.tokenizer_for("ckpt.pt").model_file == record["path"]
+    assert data.tokenizer_for("ckpt.pt", tokenizer.model_file).sha256 == tokenizer.sha256  # the same model
+    with pytest.raises(data.DataError, match=r"other.model is not the tokenizer ckpt.pt was trained with"):
+        data.tokenizer_for("ckpt.pt", other.model_file)
+    # A Hugging Face directory: its sentencepiece.model.
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "sentencepiece.model").write_bytes(Path(tokenizer.model_file).read_bytes())
+    assert data.tokenizer_for("hf").sha256 == tokenizer.sha256
+    with pytest.raises(data.DataError, match=r"is not the tokenizer hf was trained with"):
+        data.tokenizer_for("hf", other.model_file)
+    torch.save({"model": {}}, tmp_path / "bare.pt")
+    with pytest.raises(data.DataError, match=r"bare.pt: no tokenizer was saved with it; pass --tokenizer"):
+        data.tokenizer_for("bare.pt")
+
+
 def test_vocabulary_sizes_are_soft_limits_above_the_byte_pieces(tmp_path):
     small = data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "small")))
     assert small.vocab_size == 400
@@ -300,6 +321,15 @@ def test_lines_are_counted_once_and_kept_beside_the_corpus(tmp_path, monkeypatch
     monkeypatch.undo()
     write_lines(tmp_path / "fr.txt", [f"ligne {i}" for i in range(13)])  # changed: counted again
     assert data.line_counts(paths)[paths[1]] == 13
+    # A directory made read-only (by its mode, which root is not stopped by) is counted, and left as it was.
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    write_lines(read_only / "en.txt", ["one", "two"])
+    read_only.chmod(0o555)
+    with pytest.warns(UserWarning, match="cannot write .rembert-index.json"):
+        assert data.line_counts([str(read_only / "en.txt")]) == {str(read_only / "en.txt"): 2}
+    assert sorted(p.name for p in read_only.iterdir()) == ["en.txt"]
+    read_only.chmod(0o755)
 
 
 def test_bad_corpus_files_are_named(tokenizer, tmp_path):
@@ -379,6 +409,9 @@ def squad_with(**changes):
     ("dev-de.tsv", "Berlin B-LOC\n", "labelled tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token<TAB>"),
     ("dev-de.tsv", "Berlin\nist\tO\n", "tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token<TAB>label"),
     ("dev-de.tsv", b"Berlin\tB-LOC\n\nK\xf6ln\tB-LOC\n", "tagging", r"dev-de.tsv:3: not UTF-8"),
+    # PAN-X's tokens never hold a space: a JSON or space-separated file is not read one line per "token".
+    ("x.json", '{\n  "data": [\n', "panx tokens", r"x.json:2: the token '  \"data\": \[' holds whitespace"),
+    ("dev-de.tsv", "Berlin B-LOC\nist O\n", "panx tokens", r"dev-de.tsv:1: the token 'Berlin B-LOC' holds whitespace"),
     ("x.json", squad_with(answers=[{"answer_start": 15, "text": "Paris"}]), "squad",
      r"x.json: question 'q1': answer 'Paris' is not at answer_start 15"),
     ("x.json", squad_with(answers=[{"answer_start": "16", "text": "Paris"}]), "squad", r"x.json: question 'q1': needs"),
@@ -395,6 +428,7 @@ def test_task_input_errors_name_the_file_and_line(tmp_path, name, text, reader, 
             "labelled pairs": lambda: data.read_pairs(str(path), labelled=True),
             "tagging": lambda: data.read_tagging(str(path), TAGGING_LABELS["panx"]),
             "labelled tagging": lambda: data.read_tagging(str(path), labelled=True),
+            "panx tokens": lambda: data.read_tagging(str(path), TAGGING_LABELS["panx"], spaces=False),
             "squad": lambda: data.read_squad(str(path))}[reader]
     with pytest.raises(data.DataError, match=message):
         read()

@@ -629,6 +629,25 @@ def test_load_masked_lm_checkpoint(tmp_path):
         MaskedLM.from_checkpoint(tmp_path / "bad.pt")
 
 
+def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path):
+    import torch
+    from dataclasses import asdict
+    import data
+    from model import MaskedLM
+    ours, other = (data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), n, str(tmp_path / name)))
+                   for n, name in ((500, "ours"), (400, "other")))
+    model = MaskedLM(tiny_config(vocab_size=500))
+    torch.save({"model": model.state_dict(), "config": asdict(model.config),
+                "tokenizer": {"path": ours.model_file, "sha256": ours.sha256}}, tmp_path / "ckpt.pt")
+    command = [sys.executable, "evaluate.py", "mlm-accuracy", "--checkpoint", str(tmp_path / "ckpt.pt"),
+               "--data", str(REPO / "sample_data" / "en.txt"), "--batches", "1", "--batch-size", "2", "--seq-len", "32"]
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 0 and json.loads(out.stdout)["predictions"] > 0, out.stderr
+    out = subprocess.run(command + ["--tokenizer", other.model_file], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert f"{other.model_file} is not the tokenizer {tmp_path / 'ckpt.pt'} was trained with" in out.stderr
+
+
 def test_read_parallel(tmp_path):
     source, target = DATA / "xquad" / "xquad.en.json", DATA / "xquad" / "xquad.de.json"
     if not source.exists():

@@ -146,6 +146,36 @@ def test_command_line_errors_are_clear(files, capsys):
             "--eval", unnamed, *SMALL_ARGS)
 
 
+def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
+    for flags, message in ((["--dropout", "1.5"], "--dropout must be in [0, 1)"),
+                           (["--warmup-fraction", "nan"], "--warmup-fraction and --dropout must be in [0, 1)"),
+                           (["--max-grad-norm", "-1"], "--max-grad-norm must be positive"),
+                           (["--weight-decay", "-3"], "--weight-decay >= 0"),
+                           (["--lr", "0"], "--lr and --max-grad-norm must be positive")):
+        with pytest.raises(SystemExit):
+            parse("--task", "panx", "--config", "tiny", "--train", "x", "--eval", "y", *flags)
+        assert message in capsys.readouterr().err
+
+
+def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp_path):
+    root, spm = files
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS]
+    with pytest.raises(DataError, match="fewer than one batch"):
+        run(*args, "--batch-size", "64")
+    run(*args)  # the same --out-dir, other settings, no --resume: nothing was trained there
+    with pytest.raises(DataError, match="already holds fine-tuning runs; pass --resume"):
+        run(*args, "--batch-size", "3")
+
+
+def test_a_tokenizer_other_than_the_encoders_is_refused(files, hf_dir, tmp_path):
+    root, _ = files
+    other = data.train_tokenizer([str(root / "corpus.txt")], VOCAB - 100, str(tmp_path / "other"))
+    with pytest.raises(DataError, match=r"other.model is not the tokenizer .* was trained with"):
+        run("--task", "xnli", "--init", hf_dir, "--tokenizer", other, "--train", root / "pairs-en.tsv",
+            "--eval", root / "pairs-en.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
+
+
 def test_files_without_labels_are_refused_by_file_and_line(files, tmp_path):
     root, spm = files
     (tmp_path / "pairs-de.tsv").write_text("Die Katze sitzt.\tEine Katze.\n")  # a prediction input, no labels
@@ -353,6 +383,13 @@ def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
     with pytest.raises(DataError, match="fine-tuned for xnli; it cannot predict pawsx's labels"):
         finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "pawsx",
                        "--input", str(root / "pairs-en.tsv"), "--output", str(tmp_path / "out.txt")])
+    for flags, message in ((["--output", str(tmp_path / "." / "in.tsv")], "--output is --input"),
+                           (["--output", str(tmp_path / "out.txt"), "--batch-size", "0"], "--batch-size must be")):
+        out = subprocess.run([sys.executable, "finetune.py", "predict", "--model", str(tmp_path / "run" / "lr-0.001" /
+                              "seed-0"), "--task", "xnli", "--input", str(tmp_path / "in.tsv"), *flags],
+                             cwd=REPO, capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert (tmp_path / "in.tsv").read_text() == "a\tb\tentailment\nc\n"  # the input is never overwritten
 
 
 def test_languages_of_an_evaluation_file():

@@ -100,6 +100,13 @@ def test_overrides_are_typed_and_checked(capsys):
         (["--steps", "10", "--warmup", "10"], "--warmup (10) must be below --steps (10)"),
         (["--seq-len", "1024"], "--seq-len 1024 exceeds max_position_embeddings 512"),
         (["--device", "tpu"], "--device must be auto, cpu, cuda or xla"),
+        # Values the optimiser would take without a word: a negative clip norm is gradient ascent.
+        (["--max-grad-norm", "-1"], "--lr and --max-grad-norm must be positive numbers"),
+        (["--max-grad-norm", "0"], "--lr and --max-grad-norm must be positive numbers"),
+        (["--lr", "nan"], "--lr and --max-grad-norm must be positive numbers"),
+        (["--lr", "-1"], "--lr and --max-grad-norm must be positive numbers"),
+        (["--weight-decay", "-1"], "--weight-decay must be >= 0"),
+        (["--seed", "-1"], "--seed and --weight-decay must be >= 0"),
     ]:
         with pytest.raises(SystemExit):
             pretrain.parse_args(argv)
@@ -244,11 +251,22 @@ def test_checkpoint_from_another_config_is_refused(tokenizer, tmp_path):
         run(tokenizer, tmp_path, "--steps", "4")
 
 
+def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_is_there(tokenizer, tmp_path, capsys):
+    run(tokenizer, tmp_path / "run", "--steps", "4", "--checkpoint-every", "2", "--resume")
+    assert f"--resume: no checkpoint in {tmp_path / 'run'} yet; starting at step 0" in capsys.readouterr().out
+    with pytest.raises(DataError, match=r"ckpt-00000004.pt is at step 4, past --steps 3"):
+        run(tokenizer, tmp_path / "run", "--steps", "3", "--resume")
+    other = train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "other"))
+    with pytest.raises(DataError, match=f"with the tokenizer {os.path.abspath(tokenizer)}; {other} is another one"):
+        run(other, tmp_path / "run", "--steps", "4", "--vocab-size", str(Tokenizer(tokenizer).vocab_size), "--resume")
+
+
 def test_checkpoint_holds_everything_and_loads_as_encoder(tokenizer, tmp_path):
     model = run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
     checkpoint = final_state(tmp_path)
-    assert set(checkpoint) == {"model", "config", "train_config", "optimizer", "step", "loader", "rng"}
+    assert set(checkpoint) == {"model", "config", "train_config", "optimizer", "step", "loader", "rng", "tokenizer"}
     assert checkpoint["train_config"]["steps"] == 2 and checkpoint["config"]["hidden_size"] == 128
+    assert checkpoint["tokenizer"] == {"path": os.path.abspath(tokenizer), "sha256": Tokenizer(tokenizer).sha256}
     encoder = MaskedLM.from_checkpoint(pretrain.checkpoint_paths(tmp_path)[-1]).encoder
     for name, tensor in encoder.state_dict().items():
         assert torch.equal(tensor, model.encoder.state_dict()[name])

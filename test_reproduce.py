@@ -33,3 +33,11 @@ def test_quick_run_writes_the_table_and_both_figures(tmp_path):
     again = subprocess.run([sys.executable, "reproduce.py", "--quick", "--out-dir", str(out)], cwd=REPO,
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "[1/6]" not in again.stdout  # every model was done: nothing runs again
+
+
+def test_a_damaged_setup_and_a_bad_flag_are_one_line_and_exit_2(tmp_path):
+    (tmp_path / "setup.json").write_text("")
+    for flags, message in ((["--out-dir", str(tmp_path)], "setup.json: empty file"), (["--seeds", "-1"], "--seeds")):
+        out = subprocess.run([sys.executable, "reproduce.py", "--quick", *flags], cwd=REPO, capture_output=True,
+                             text=True)
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
