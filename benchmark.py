@@ -257,8 +257,8 @@ class LoaderBenchmark:
     def __post_init__(self):
         if min(self.languages, self.batch_size, self.seq_len - 2) < 1 or self.num_workers < 0:
             raise ValueError("--languages and --batch-size must be positive, --seq-len at least 3, --num-workers >= 0")
-        if not (self.size_gb > 0 and self.seconds > 0):
-            raise ValueError("--size-gb and --seconds must be positive")
+        if not (0 < self.size_gb < 1e6 and 0 < self.seconds < math.inf):
+            raise ValueError("--size-gb (below 10^6) and --seconds must be positive numbers")
 
 
 def generate_corpus(root, size, languages, seed=0):

@@ -256,11 +256,20 @@ def tokenizer_for(model_path, tokenizer_file=""):
         path = os.path.join(model_path, "sentencepiece.model")
         saved = {"path": path, "sha256": sha256(path)} if os.path.isfile(path) else None
     else:
-        saved = load_checkpoint(model_path).get("tokenizer")
+        checkpoint = load_checkpoint(model_path)
+        # A checkpoint of an earlier version recorded the path alone, as it was given.
+        saved = checkpoint.get("tokenizer") or {"path": checkpoint.get("train_config", {}).get("tokenizer", ""),
+                                                "sha256": None}
+        saved = saved if saved["path"] else None
     if saved is None and not tokenizer_file:
         raise DataError(f"{model_path}: no tokenizer was saved with it; pass --tokenizer")
+    if not tokenizer_file and not os.path.isfile(saved["path"]):
+        raise DataError(f"{model_path} was trained with the tokenizer {saved['path']}, which is not there (moved?); "
+                        f"pass --tokenizer")
     tokenizer = Tokenizer(tokenizer_file or saved["path"])
-    if saved is not None and tokenizer.sha256 != saved["sha256"]:
+    if saved is not None and saved["sha256"] not in (None, tokenizer.sha256):
+        if os.path.realpath(tokenizer.model_file) == os.path.realpath(saved["path"]):
+            raise DataError(f"{tokenizer.model_file} has changed since {model_path} was trained with it")
         raise DataError(f"{tokenizer.model_file} is not the tokenizer {model_path} was trained with "
                         f"({saved['path']}, SHA-256 {saved['sha256'][:12]}...)")
     return tokenizer
@@ -645,8 +654,8 @@ _LANG_PREFIX = re.compile(r"^[a-z]{2,3}:")
 
 def read_tagging(path, labels=None, labelled=False, spaces=True):
     """PAN-X / UD-POS: token<TAB>label lines, a blank line between sentences. A file without labels (tokens
-    alone) is refused when labelled=True; spaces=False refuses a token holding whitespace (PAN-X's never
-    do; UD's Vietnamese words do). The raw XTREME files prefix every token with its language ("en:Paris");
+    alone) is refused when labelled=True; spaces=False refuses a token holding a space (PAN-X's never do;
+    UD's Vietnamese words do). The raw XTREME files prefix every token with its language ("en:Paris");
     when all tokens share one such prefix, it is removed."""
     lines = read_text(path).split("\n")
     width = 2 if labelled or any("\t" in line for line in lines) else 1  # a label on any line: on every line
@@ -661,8 +670,8 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
         if len(fields) != width or not fields[0]:
             raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields; expected "
                             f"{'token<TAB>label' if width == 2 else 'a token'}")
-        if not spaces and any(ch.isspace() for ch in fields[0]):
-            raise DataError(f"{path}:{number}: the token {fields[0][:40]!r} holds whitespace; expected one token "
+        if not spaces and " " in fields[0]:
+            raise DataError(f"{path}:{number}: the token {fields[0][:40]!r} holds a space; expected one token "
                             f"per line{' and its label' if width == 2 else ''}")
         if labels is not None and width == 2:
             check_label(fields[1], labels, f"{path}:{number}")

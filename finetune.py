@@ -135,7 +135,7 @@ class FinetuneConfig:
                                      self.keep_layers, *self.seeds]) < 0:
             raise ValueError("sizes, counts and seeds cannot be negative (the QA sizes, --epochs, "
                              "--eval-batch-size, --log-every and --checkpoint-every not zero)")
-        if not all(0 < x < math.inf for x in [*self.lr, self.max_grad_norm]) or not self.weight_decay >= 0:
+        if not all(0 < x < math.inf for x in [*self.lr, self.max_grad_norm]) or not 0 <= self.weight_decay < math.inf:
             raise ValueError("--lr and --max-grad-norm must be positive numbers, --weight-decay >= 0")
         if not (0 <= self.warmup_fraction < 1 and 0 <= self.dropout < 1):
             raise ValueError("--warmup-fraction and --dropout must be in [0, 1)")
@@ -637,6 +637,9 @@ def check_out_dir(cfg, runtime, log):
     if not cfg.resume:
         raise DataError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
                         f"or choose another --out-dir")
+    if not os.path.exists(path):
+        raise DataError(f"{cfg.out_dir} holds runs but no finetune-config.json (not written by finetune.py, or "
+                        f"damaged); choose another --out-dir")
     theirs = evaluate.read_json(path)
     differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
               for k, v in ours.items() if theirs.get(k) != v]

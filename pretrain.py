@@ -83,7 +83,7 @@ class TrainConfig:
                      "checkpoint_every", "keep"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if min(self.num_workers, self.warmup, self.seed) < 0 or not self.weight_decay >= 0:
+        if min(self.num_workers, self.warmup, self.seed) < 0 or not 0 <= self.weight_decay < math.inf:
             raise ValueError("--num-workers, --warmup, --seed and --weight-decay must be >= 0")
         if not (0 < self.lr < math.inf and 0 < self.max_grad_norm < math.inf):
             raise ValueError("--lr and --max-grad-norm must be positive numbers")
@@ -405,6 +405,11 @@ def train(model_config, cfg):
     runtime = setup_runtime(cfg.device)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
+    # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
+    resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
+    if resumed and "tokenizer" in resumed[1] and not os.path.exists(cfg.tokenizer):
+        cfg = dataclasses.replace(cfg, tokenizer=resumed[1]["tokenizer"]["path"])
+        log(f"--resume: {resumed[0]}'s tokenizer, {cfg.tokenizer}")
     log(f"model config: {asdict(model_config)}")
     log(f"train config: {asdict(cfg)}")
     tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
@@ -428,8 +433,8 @@ def train(model_config, cfg):
     step = 0
     if runtime.is_main:
         remove_partial_saves(os.path.join(cfg.out_dir, "ckpt-*.pt.tmp"), log)
-    if cfg.resume and checkpoint_paths(cfg.out_dir):
-        path, checkpoint = newest_intact_checkpoint(cfg.out_dir, log)
+    if resumed:
+        path, checkpoint = resumed
         saved = {**checkpoint["config"], **{k: checkpoint["train_config"].get(k) for k in SAME_ON_RESUME}}
         now = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
         differ = [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]
@@ -438,7 +443,7 @@ def train(model_config, cfg):
                             f"the same --config, overrides and training flags, or another --out-dir")
         if checkpoint.get("tokenizer", {}).get("sha256", tokenizer.sha256) != tokenizer.sha256:
             raise DataError(f"{path} was trained with the tokenizer {checkpoint['tokenizer']['path']}; "
-                            f"{cfg.tokenizer} is another one")
+                            f"{cfg.tokenizer} is another one (or has changed since)")
         if checkpoint["step"] > cfg.steps:
             raise DataError(f"{path} is at step {checkpoint['step']}, past --steps {cfg.steps}")
         restore_training_state(runtime, checkpoint, path, raw_model, optimizer)

@@ -63,6 +63,7 @@ def test_a_directory_it_did_not_write_and_bad_settings_are_refused(tmp_path):
     for command, message in ((["loader", "--corpus-dir", str(tmp_path), "--size-gb", "0.0001", "--seconds", "1"],
                               "a directory this benchmark did not write"),
                              (["loader", "--batch-size", "0"], "--batch-size must be positive"),
+                             (["loader", "--seconds", "inf"], "--seconds must be positive numbers"),
                              (["model", "--config", "tiny", "--threads", "0"], "--threads must be positive"),
                              (["model", "--config", "tiny", "--seq-len", "1000"], "--seq-len must be in [3, 512]")):
         out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)

@@ -110,6 +110,18 @@ def test_a_model_finds_its_own_tokenizer_and_refuses_another(tokenizer, tmp_path
     assert data.tokenizer_for("hf").sha256 == tokenizer.sha256
     with pytest.raises(data.DataError, match=r"is not the tokenizer hf was trained with"):
         data.tokenizer_for("hf", other.model_file)
+    torch.save({"model": {}, "tokenizer": {**record, "path": str(tmp_path / "moved.model")}}, tmp_path / "moved.pt")
+    with pytest.raises(data.DataError, match=r"moved.model, which is not there \(moved\?\); pass --tokenizer"):
+        data.tokenizer_for("moved.pt")
+    assert data.tokenizer_for("moved.pt", tokenizer.model_file).sha256 == tokenizer.sha256
+    # A checkpoint of an earlier version: the path alone, as it was given.
+    torch.save({"model": {}, "train_config": {"tokenizer": record["path"]}}, tmp_path / "legacy.pt")
+    assert data.tokenizer_for("legacy.pt").sha256 == tokenizer.sha256
+    changed = tmp_path / "changed.model"
+    changed.write_bytes(Path(other.model_file).read_bytes())
+    torch.save({"model": {}, "tokenizer": {"path": str(changed), "sha256": tokenizer.sha256}}, tmp_path / "c.pt")
+    with pytest.raises(data.DataError, match=r"changed.model has changed since c.pt was trained with it"):
+        data.tokenizer_for("c.pt")
     torch.save({"model": {}}, tmp_path / "bare.pt")
     with pytest.raises(data.DataError, match=r"bare.pt: no tokenizer was saved with it; pass --tokenizer"):
         data.tokenizer_for("bare.pt")
@@ -410,8 +422,8 @@ def squad_with(**changes):
     ("dev-de.tsv", "Berlin\nist\tO\n", "tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token<TAB>label"),
     ("dev-de.tsv", b"Berlin\tB-LOC\n\nK\xf6ln\tB-LOC\n", "tagging", r"dev-de.tsv:3: not UTF-8"),
     # PAN-X's tokens never hold a space: a JSON or space-separated file is not read one line per "token".
-    ("x.json", '{\n  "data": [\n', "panx tokens", r"x.json:2: the token '  \"data\": \[' holds whitespace"),
-    ("dev-de.tsv", "Berlin B-LOC\nist O\n", "panx tokens", r"dev-de.tsv:1: the token 'Berlin B-LOC' holds whitespace"),
+    ("x.json", '{\n  "data": [\n', "panx tokens", r"x.json:2: the token '  \"data\": \[' holds a space"),
+    ("dev-de.tsv", "Berlin B-LOC\nist O\n", "panx tokens", r"dev-de.tsv:1: the token 'Berlin B-LOC' holds a space"),
     ("x.json", squad_with(answers=[{"answer_start": 15, "text": "Paris"}]), "squad",
      r"x.json: question 'q1': answer 'Paris' is not at answer_start 15"),
     ("x.json", squad_with(answers=[{"answer_start": "16", "text": "Paris"}]), "squad", r"x.json: question 'q1': needs"),

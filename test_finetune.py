@@ -166,6 +166,9 @@ def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp
     run(*args)  # the same --out-dir, other settings, no --resume: nothing was trained there
     with pytest.raises(DataError, match="already holds fine-tuning runs; pass --resume"):
         run(*args, "--batch-size", "3")
+    (tmp_path / "finetune-config.json").unlink()
+    with pytest.raises(DataError, match="holds runs but no finetune-config.json"):
+        run(*args, "--resume")
 
 
 def test_a_tokenizer_other_than_the_encoders_is_refused(files, hf_dir, tmp_path):

@@ -106,6 +106,7 @@ def test_overrides_are_typed_and_checked(capsys):
         (["--lr", "nan"], "--lr and --max-grad-norm must be positive numbers"),
         (["--lr", "-1"], "--lr and --max-grad-norm must be positive numbers"),
         (["--weight-decay", "-1"], "--weight-decay must be >= 0"),
+        (["--weight-decay", "inf"], "--weight-decay must be >= 0"),
         (["--seed", "-1"], "--seed and --weight-decay must be >= 0"),
     ]:
         with pytest.raises(SystemExit):
@@ -256,6 +257,11 @@ def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_i
     assert f"--resume: no checkpoint in {tmp_path / 'run'} yet; starting at step 0" in capsys.readouterr().out
     with pytest.raises(DataError, match=r"ckpt-00000004.pt is at step 4, past --steps 3"):
         run(tokenizer, tmp_path / "run", "--steps", "3", "--resume")
+    # --tokenizer naming no file (the default, from another directory): the checkpoint's, not a new one.
+    missing = tmp_path / "missing.model"
+    run(tokenizer, tmp_path / "run", "--tokenizer", str(missing), "--steps", "6", "--resume")  # the last flag wins
+    assert f"ckpt-00000004.pt's tokenizer, {os.path.abspath(tokenizer)}" in capsys.readouterr().out
+    assert not missing.exists() and final_state(tmp_path / "run")["step"] == 6
     other = train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "other"))
     with pytest.raises(DataError, match=f"with the tokenizer {os.path.abspath(tokenizer)}; {other} is another one"):
         run(other, tmp_path / "run", "--steps", "4", "--vocab-size", str(Tokenizer(tokenizer).vocab_size), "--resume")
