@@ -256,7 +256,7 @@ def tokenizer_for(model_path, tokenizer_file=""):
         path = os.path.join(model_path, "sentencepiece.model")
         saved = {"path": path, "sha256": sha256(path)} if os.path.isfile(path) else None
     else:
-        checkpoint = load_checkpoint(model_path)
+        checkpoint = load_checkpoint(model_path, weights=False)  # the model's loader checks the weights
         # A checkpoint of an earlier version recorded the path alone, as it was given.
         saved = checkpoint.get("tokenizer") or {"path": checkpoint.get("train_config", {}).get("tokenizer", ""),
                                                 "sha256": None}
