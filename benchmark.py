@@ -33,11 +33,12 @@ import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from configs import CONFIGS, parse_command_line, resolve_device, run_script
+from configs import (CONFIGS, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line, resolve_device,
+                     run_script)
 from model import DataError, Encoder, MaskedLM, SequenceClassifier, save_hf
 
 PHASES = ("pretrain", "finetune", "infer")
@@ -167,28 +168,25 @@ class Runner:
 @dataclass
 class ModelBenchmark:
     """a training or inference step of ours against transformers' RemBERT, and MFU"""
-    config: str = field(default="small", metadata={"help": f"a configs.py model: {', '.join(CONFIGS)}"})
-    phases: list[str] = field(default_factory=lambda: list(PHASES), metadata={"help": "steps to time"})
-    batch_size: int = field(default=16, metadata={"help": "sequences per step"})
-    seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
-    predictions: int = field(default=20, metadata={"help": "masked-LM slots per sequence"})
-    steps: int = field(default=7, metadata={"help": "timed steps per side (interleaved)"})
-    warmup: int = field(default=2, metadata={"help": "untimed steps per side first (optimizer state, compiling)"})
-    device: str = field(default="cpu", metadata={"help": "cpu | cuda (bf16 autocast)"})
-    threads: int = field(default=2, metadata={"help": "torch.set_num_threads on CPU"})
-    compile: bool = field(default=False, metadata={"help": "torch.compile both sides"})
+    config: str = flag("small", f"a configs.py model: {', '.join(CONFIGS)}", one_of(CONFIGS))
+    phases: list[str] = flag(list(PHASES), "steps to time", one_of(PHASES))
+    batch_size: int = flag(16, "sequences per step", POSITIVE)
+    seq_len: int = flag(128, "tokens per sequence", at_least(3))
+    predictions: int = flag(20, "masked-LM slots per sequence", POSITIVE)
+    steps: int = flag(7, "timed steps per side (interleaved)", POSITIVE)
+    warmup: int = flag(2, "untimed steps per side first (optimizer state, compiling)", POSITIVE)
+    device: str = flag("cpu", "cpu | cuda (bf16 autocast)", (lambda v: v in ("cpu", "cuda") and resolve_device(v),
+                                                             "cpu or cuda"))
+    threads: int = flag(2, "torch.set_num_threads on CPU", POSITIVE)
+    compile: bool = flag(False, "torch.compile both sides")
 
     def __post_init__(self):
-        if self.config not in CONFIGS or not set(self.phases) <= set(PHASES) or self.device not in ("cpu", "cuda"):
-            raise ValueError(f"--config is a configs.py name, --phases of {PHASES}, --device cpu or cuda")
+        check_flags(self)
         if CONFIGS[self.config].pretraining_only_layers:
             raise ValueError(f"--config {self.config}: transformers' RemBERT has no pre-training-only layers")
-        if min(self.batch_size, self.seq_len, self.predictions, self.steps, self.warmup, self.threads) < 1:
-            raise ValueError("--batch-size, --seq-len, --predictions, --steps, --warmup and --threads must be positive")
-        if not 3 <= self.seq_len <= CONFIGS[self.config].max_position_embeddings:
-            raise ValueError(f"--seq-len must be in [3, {CONFIGS[self.config].max_position_embeddings}] for "
+        if self.seq_len > CONFIGS[self.config].max_position_embeddings:
+            raise ValueError(f"--seq-len must be at most {CONFIGS[self.config].max_position_embeddings} for "
                              f"{self.config}")
-        resolve_device(self.device)
 
 
 def bench_model(cfg):
@@ -246,19 +244,15 @@ def bench_model(cfg):
 @dataclass
 class LoaderBenchmark:
     """data.MLMLoader's tokens/s and memory on a generated corpus in many languages"""
-    languages: int = field(default=113, metadata={"help": "languages of the generated corpus"})
-    size_gb: float = field(default=1.0, metadata={"help": "its size in GB (10^9 bytes)"})
-    corpus_dir: str = field(default="/tmp/rembert-loader-corpus", metadata={"help": "where it is written (once)"})
-    num_workers: int = field(default=1, metadata={"help": "DataLoader workers"})
-    batch_size: int = field(default=32, metadata={"help": "sequences per batch"})
-    seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
-    seconds: float = field(default=60.0, metadata={"help": "how long to stream, after 5 batches"})
+    languages: int = flag(113, "languages of the generated corpus", POSITIVE)
+    size_gb: float = flag(1.0, "its size in GB (10^9 bytes)", (lambda v: 0 < v < 1e6, "positive, below 10^6"))
+    corpus_dir: str = flag("/tmp/rembert-loader-corpus", "where it is written (once)")
+    num_workers: int = flag(1, "DataLoader workers", at_least(0))
+    batch_size: int = flag(32, "sequences per batch", POSITIVE)
+    seq_len: int = flag(128, "tokens per sequence", at_least(3))
+    seconds: float = flag(60.0, "how long to stream, after 5 batches", POSITIVE)
 
-    def __post_init__(self):
-        if min(self.languages, self.batch_size, self.seq_len - 2) < 1 or self.num_workers < 0:
-            raise ValueError("--languages and --batch-size must be positive, --seq-len at least 3, --num-workers >= 0")
-        if not (0 < self.size_gb < 1e6 and 0 < self.seconds < math.inf):
-            raise ValueError("--size-gb (below 10^6) and --seconds must be positive numbers")
+    __post_init__ = check_flags
 
 
 def generate_corpus(root, size, languages, seed=0):

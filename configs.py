@@ -10,10 +10,11 @@ paper's.
 
 import argparse
 import difflib
+import math
 import os
 import sys
 import typing
-from dataclasses import MISSING, fields, replace
+from dataclasses import MISSING, field, fields, replace
 
 import torch
 
@@ -98,6 +99,39 @@ def parameter_counts(name):
 
 # ----------------------------------------------------------------------------------------------
 # What every script shares: a dataclass per command, one --flag per field; the device by name
+
+# What a flag's values may be: (test, words for the error). A NaN fails every test.
+POSITIVE = (lambda v: 0 < v < math.inf, "a positive number")
+FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
+GIVEN = (bool, "given")  # a value at all (a list: at least one)
+DEVICE = (lambda v: resolve_device(v), "auto, cpu, cuda or xla")  # resolve_device says why one cannot be used
+
+
+def at_least(low):
+    return (lambda v: low <= v < math.inf, f"a number >= {low}")
+
+
+def one_of(names):
+    return (lambda v: v in names, f"one of {', '.join(names)}")
+
+
+def flag(default, help, check=None):
+    """A dataclass field that is also a --flag: its default, its help, and the check of its values
+    (`check_flags`; a list's values each)."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"help": help, "check": check})
+    return field(default=default, metadata={"help": help, "check": check})
+
+
+def check_flags(instance):
+    """Every field's check (see `flag`): a ValueError that names the first flag whose value fails. A dataclass
+    with no other checks has `__post_init__ = check_flags`."""
+    for f in fields(instance):
+        test, words = f.metadata.get("check") or (None, "")
+        value = getattr(instance, f.name)
+        if test and not all(map(test, value if isinstance(value, list) and test is not bool else [value])):
+            raise ValueError(f"--{f.name.replace('_', '-')} must be {words}"
+                             + (f", got {value!r}" if value not in ("", []) else ""))
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose errors are one line (the whole usage is what --help shows)."""

@@ -33,14 +33,15 @@ import string
 import sys
 import unicodedata
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 import data
-from configs import parse_command_line, resolve_device, run_script
+from configs import (DEVICE, GIVEN, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line,
+                     resolve_device, run_script)
 from model import DataError, MaskedLM
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
@@ -410,61 +411,49 @@ XQUAD = Path(__file__).resolve().parent.parent / "shared" / "data" / "xquad"
 @dataclass
 class ScoreConfig:
     """score a prediction file against a gold file; prints one JSON object (figures in percent)"""
-    task: str = field(default="", metadata={"help": f"one of {', '.join(TASKS)}"})
-    gold: str = field(default="", metadata={"help": "xnli/pawsx: the task's TSV; panx/udpos: token<TAB>label; "
-                                                    "xquad/mlqa/tydiqa: SQuAD-format JSON"})
-    predictions: str = field(default="", metadata={"help": "xnli/pawsx: one label per line; panx/udpos: "
-                                                           "token<TAB>label; QA: JSON {question id: answer text}"})
-    lang: str = field(default="", metadata={"help": f"the language; mlqa needs it ({', '.join(MLQA_LANGUAGES)}: its "
-                                                    "answer normalization), other tasks only echo it"})
+    task: str = flag("", f"one of {', '.join(TASKS)}", one_of(TASKS))
+    gold: str = flag("", "xnli/pawsx: the task's TSV; panx/udpos: token<TAB>label; xquad/mlqa/tydiqa: SQuAD-format "
+                         "JSON", GIVEN)
+    predictions: str = flag("", "xnli/pawsx: one label per line; panx/udpos: token<TAB>label; QA: JSON "
+                                "{question id: answer text}", GIVEN)
+    lang: str = flag("", f"the language; mlqa needs it ({', '.join(MLQA_LANGUAGES)}: its answer normalization), "
+                         f"other tasks only echo it")
 
-    def __post_init__(self):
-        if self.task not in TASKS or not self.gold or not self.predictions:
-            raise ValueError(f"--task ({', '.join(TASKS)}), --gold and --predictions are required")
+    __post_init__ = check_flags
 
 
 @dataclass
 class MLMAccuracyConfig:
     """masked-LM accuracy on held-out text (Table 8); prints one JSON object"""
-    checkpoint: str = field(default="", metadata={"help": "a pretrain.py checkpoint or a Hugging Face RemBERT dir"})
-    data: str = field(default="", metadata={"help": "held-out text: a file or a directory of *.txt (as pretrain.py)"})
-    tokenizer: str = field(default="", metadata={"help": "SentencePiece model (default: the checkpoint's)"})
-    batches: int = field(default=50, metadata={"help": "batches of the masked-LM stream to score"})
-    seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
-    max_predictions: int = field(default=20, metadata={"help": "masked positions per sequence"})
-    batch_size: int = field(default=32, metadata={"help": "sequences per batch"})
-    seed: int = field(default=0, metadata={"help": "seed of the masking and sampling"})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
+    checkpoint: str = flag("", "a pretrain.py checkpoint or a Hugging Face RemBERT dir", GIVEN)
+    data: str = flag("", "held-out text: a file or a directory of *.txt (as pretrain.py)", GIVEN)
+    tokenizer: str = flag("", "SentencePiece model (default: the checkpoint's)")
+    batches: int = flag(50, "batches of the masked-LM stream to score", POSITIVE)
+    seq_len: int = flag(128, "tokens per sequence", at_least(3))
+    max_predictions: int = flag(20, "masked positions per sequence", POSITIVE)
+    batch_size: int = flag(32, "sequences per batch", POSITIVE)
+    seed: int = flag(0, "seed of the masking and sampling", at_least(0))
+    device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
-    def __post_init__(self):
-        if not (self.checkpoint and self.data):
-            raise ValueError("--checkpoint and --data are required")
-        if min(self.batches, self.max_predictions, self.batch_size, self.seq_len - 2, self.seed + 1) < 1:
-            raise ValueError("--batches, --max-predictions and --batch-size must be positive, --seq-len at least 3, "
-                             "--seed >= 0")
-        resolve_device(self.device)
+    __post_init__ = check_flags
 
 
 @dataclass
 class ProbeConfig:
     """per-layer nearest-neighbour translation accuracy (Figure 2's method)"""
-    checkpoint: str = field(default="", metadata={"help": "a pretrain.py checkpoint or a Hugging Face RemBERT dir"})
-    tokenizer: str = field(default="", metadata={"help": "SentencePiece model (default: the checkpoint's)"})
-    source: str = field(default=str(XQUAD / "xquad.en.json"), metadata={
-        "help": "source sentences: SQuAD-format JSON, or a text file line-parallel to --target"})
-    target: str = field(default=str(XQUAD / "xquad.de.json"), metadata={"help": "target sentences, parallel"})
-    unit: str = field(default="questions", metadata={"help": "JSON: pair the questions (by id) or the contexts"})
-    max_len: int = field(default=128, metadata={"help": "tokens per sentence, with [CLS] and [SEP]"})
-    batch_size: int = field(default=32, metadata={"help": "sentences per batch"})
-    seed: int = field(default=0, metadata={"help": "seed of the fit/test split of the pairs"})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
+    checkpoint: str = flag("", "a pretrain.py checkpoint or a Hugging Face RemBERT dir", GIVEN)
+    tokenizer: str = flag("", "SentencePiece model (default: the checkpoint's)")
+    source: str = flag(str(XQUAD / "xquad.en.json"), "source sentences: SQuAD-format JSON, or a text file "
+                                                     "line-parallel to --target")
+    target: str = flag(str(XQUAD / "xquad.de.json"), "target sentences, parallel")
+    unit: str = flag("questions", "JSON: pair the questions (by id) or the contexts",
+                     one_of(("questions", "contexts")))
+    max_len: int = flag(128, "tokens per sentence, with [CLS] and [SEP]", at_least(3))
+    batch_size: int = flag(32, "sentences per batch", POSITIVE)
+    seed: int = flag(0, "seed of the fit/test split of the pairs", at_least(0))
+    device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
-    def __post_init__(self):
-        if not self.checkpoint or self.unit not in ("questions", "contexts"):
-            raise ValueError("--checkpoint is required; --unit is questions or contexts")
-        if min(self.batch_size, self.max_len - 2, self.seed + 1) < 1:
-            raise ValueError("--batch-size must be positive, --max-len at least 3, --seed >= 0")
-        resolve_device(self.device)
+    __post_init__ = check_flags
 
 
 def main(argv=None):

@@ -42,13 +42,14 @@ import shutil
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
 import data
 import evaluate
-from configs import CONFIGS, parse_command_line, resolve_device, run_script
+from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, at_least, check_flags, flag, one_of,
+                     parse_command_line, run_script)
 from model import (DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier, load_checkpoint,
                    save_hf)
 from pretrain import (build_optimizer, launch, lr_at, remove_partial_saves, restore_training_state, setup_runtime,
@@ -84,62 +85,46 @@ TASKS = {
 
 @dataclass
 class FinetuneConfig:
-    task: str = field(default="", metadata={"help": f"one of {', '.join(TASKS)}"})
-    init: str = field(default="", metadata={"help": "the encoder: a pretrain.py checkpoint or a Hugging Face dir"})
-    config: str = field(default="", metadata={"help": f"instead of --init, random weights: {', '.join(CONFIGS)}"})
-    tokenizer: str = field(default="", metadata={"help": "SentencePiece model (default: the --init's)"})
-    train: str = field(default="", metadata={"help": "the English training file"})
-    train_fraction: float = field(default=1.0, metadata={
-        "help": "train on this first part of --train; evaluate the rest of every (parallel) --eval file"})
-    max_train: int = field(default=0, metadata={"help": "use only the first N training examples (0: all)"})
-    eval: list[str] = field(default_factory=list, metadata={
-        "help": "FILE or LANG=FILE (default LANG: the code in the file's name or folder, or its language column)"})
-    max_eval: int = field(default=0, metadata={"help": "evaluate only the first N examples per language (0: all)"})
-    out_dir: str = field(default="out/finetune", metadata={"help": "fine-tuned models and results.json"})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
-    seq_len: int = field(default=0, metadata={"help": "pieces per sequence (0: 128, or 384 for QA)"})
-    doc_stride: int = field(default=128, metadata={"help": "QA: pieces between the starts of a context's windows"})
-    max_query_length: int = field(default=64, metadata={"help": "QA: question pieces kept"})
-    max_answer_length: int = field(default=30, metadata={"help": "QA: longest answer span decoded, in pieces"})
-    n_best: int = field(default=20, metadata={"help": "QA: start and end candidates per window"})
-    batch_size: int = field(default=0, metadata={
-        "help": "training sequences per step, over all processes (0: Table 10's 32, or Table 15's for RemBERT)"})
-    eval_batch_size: int = field(default=64, metadata={"help": "evaluation sequences per process and step"})
-    epochs: int = field(default=3, metadata={"help": "passes over the training data (Table 10: 3)"})
-    lr: list[float] = field(default_factory=list, metadata={
-        "help": "peak learning rates, one run each, the best reported (default: Table 10's, or 15's for RemBERT)"})
-    warmup_fraction: float = field(default=0.1, metadata={"help": "fraction of the steps spent warming up"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (not on biases, LayerNorm)"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this"})
-    dropout: float = field(default=0.1, metadata={"help": "dropout before the task's output layer"})
-    seeds: list[int] = field(default_factory=lambda: [0], metadata={"help": "one run per seed, averaged (paper: 3)"})
-    keep_layers: int = field(default=0, metadata={"help": "keep only the encoder's first K layers (Figure 1; 0: all)"})
-    log_every: int = field(default=20, metadata={"help": "steps between log lines"})
-    checkpoint_every: int = field(default=500, metadata={"help": "steps between saves of the training state"})
-    resume: bool = field(default=False, metadata={
-        "help": "continue the runs in --out-dir: finished ones keep their scores, an interrupted one its state"})
+    task: str = flag("", f"one of {', '.join(TASKS)}", one_of(TASKS))
+    init: str = flag("", "the encoder: a pretrain.py checkpoint or a Hugging Face dir")
+    config: str = flag("", f"instead of --init, random weights: {', '.join(CONFIGS)}")
+    tokenizer: str = flag("", "SentencePiece model (default: the --init's)")
+    train: str = flag("", "the English training file", GIVEN)
+    train_fraction: float = flag(1.0, "train on this first part of --train; evaluate the rest of every (parallel) "
+                                      "--eval file", (lambda v: 0 < v <= 1, "in (0, 1]"))
+    max_train: int = flag(0, "use only the first N training examples (0: all)", at_least(0))
+    eval: list[str] = flag([], "FILE or LANG=FILE (default LANG: the code in the file's name or folder, or its "
+                               "language column)", GIVEN)
+    max_eval: int = flag(0, "evaluate only the first N examples per language (0: all)", at_least(0))
+    out_dir: str = flag("out/finetune", "fine-tuned models and results.json")
+    device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
+    seq_len: int = flag(0, "pieces per sequence (0: 128, or 384 for QA)", (lambda v: v == 0 or v >= 8, "0 or >= 8"))
+    doc_stride: int = flag(128, "QA: pieces between the starts of a context's windows", POSITIVE)
+    max_query_length: int = flag(64, "QA: question pieces kept", POSITIVE)
+    max_answer_length: int = flag(30, "QA: longest answer span decoded, in pieces", POSITIVE)
+    n_best: int = flag(20, "QA: start and end candidates per window", POSITIVE)
+    batch_size: int = flag(0, "training sequences per step, over all processes (0: Table 10's 32, or Table 15's "
+                              "for RemBERT)", at_least(0))
+    eval_batch_size: int = flag(64, "evaluation sequences per process and step", POSITIVE)
+    epochs: int = flag(3, "passes over the training data (Table 10: 3)", POSITIVE)
+    lr: list[float] = flag([], "peak learning rates, one run each, the best reported (default: Table 10's, or "
+                               "15's for RemBERT)", POSITIVE)
+    warmup_fraction: float = flag(0.1, "fraction of the steps spent warming up", FRACTION)
+    weight_decay: float = flag(0.01, "AdamW weight decay (not on biases, LayerNorm)", at_least(0))
+    max_grad_norm: float = flag(1.0, "clip the global gradient norm to this", POSITIVE)
+    dropout: float = flag(0.1, "dropout before the task's output layer", FRACTION)
+    seeds: list[int] = flag([0], "one run per seed, averaged (paper: 3)", at_least(0))
+    keep_layers: int = flag(0, "keep only the encoder's first K layers (Figure 1; 0: all)", at_least(0))
+    log_every: int = flag(20, "steps between log lines", POSITIVE)
+    checkpoint_every: int = flag(500, "steps between saves of the training state", POSITIVE)
+    resume: bool = flag(False, "continue the runs in --out-dir: finished ones keep their scores, an interrupted "
+                               "one its state")
 
     def __post_init__(self):
-        if self.task not in TASKS:
-            raise ValueError(f"--task must be one of {', '.join(TASKS)}, got {self.task!r}")
+        check_flags(self)
         if bool(self.init) == bool(self.config) or (self.config and self.config not in CONFIGS):
             raise ValueError(f"pass exactly one of --init (a checkpoint or Hugging Face directory) and --config "
                              f"({', '.join(CONFIGS)})")
-        if not self.train or not self.eval:
-            raise ValueError("--train and --eval are required")
-        if not 0.0 < self.train_fraction <= 1.0 or 0 < self.seq_len < 8:
-            raise ValueError("--train-fraction must be in (0, 1], --seq-len 0 (the task's) or at least 8")
-        positive = (self.eval_batch_size, self.epochs, self.log_every, self.checkpoint_every, self.doc_stride,
-                    self.max_query_length, self.max_answer_length, self.n_best)
-        if min(positive) < 1 or min([self.batch_size, self.seq_len, self.max_train, self.max_eval,
-                                     self.keep_layers, *self.seeds]) < 0:
-            raise ValueError("sizes, counts and seeds cannot be negative (the QA sizes, --epochs, "
-                             "--eval-batch-size, --log-every and --checkpoint-every not zero)")
-        if not all(0 < x < math.inf for x in [*self.lr, self.max_grad_norm]) or not 0 <= self.weight_decay < math.inf:
-            raise ValueError("--lr and --max-grad-norm must be positive numbers, --weight-decay >= 0")
-        if not (0 <= self.warmup_fraction < 1 and 0 <= self.dropout < 1):
-            raise ValueError("--warmup-fraction and --dropout must be in [0, 1)")
-        resolve_device(self.device)
 
 
 # What a fine-tuned model does not depend on: an out-dir may be resumed when everything else is the same.
@@ -149,21 +134,17 @@ NOT_TRAINING = {"out_dir", "device", "eval_batch_size", "log_every", "checkpoint
 @dataclass
 class PredictConfig:
     """predict with a model that finetune.py saved, in the format `evaluate.py score` reads"""
-    model: str = field(default="", metadata={"help": "a run directory finetune.py saved (out/finetune/lr-R/seed-N)"})
-    task: str = field(default="", metadata={"help": "the task of --input (a QA model answers any QA task)"})
-    input: str = field(default="", metadata={"help": "a file in the task's format, labelled or not"})
-    output: str = field(default="", metadata={"help": "labels, token<TAB>label lines, or JSON {id: answer}"})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
-    batch_size: int = field(default=64, metadata={"help": "sequences per batch"})
+    model: str = flag("", "a run directory finetune.py saved (out/finetune/lr-R/seed-N)", GIVEN)
+    task: str = flag("", "the task of --input (a QA model answers any QA task)", one_of(TASKS))
+    input: str = flag("", "a file in the task's format, labelled or not", GIVEN)
+    output: str = flag("", "labels, token<TAB>label lines, or JSON {id: answer}", GIVEN)
+    device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
+    batch_size: int = flag(64, "sequences per batch", POSITIVE)
 
     def __post_init__(self):
-        if not (self.model and self.input and self.output) or self.task not in TASKS:
-            raise ValueError(f"--model, --input, --output and --task ({', '.join(TASKS)}) are required")
+        check_flags(self)
         if os.path.realpath(self.output) == os.path.realpath(self.input):
             raise ValueError("--output is --input: the predictions would overwrite the file they are made from")
-        if self.batch_size < 1:
-            raise ValueError("--batch-size must be positive")
-        resolve_device(self.device)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -38,60 +38,51 @@ import os
 import pickle
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configs import CONFIGS, ArgumentParser, add_flags, build, parse_flags, resolve_device, run_script
+from configs import (CONFIGS, DEVICE, POSITIVE, ArgumentParser, add_flags, build, at_least, check_flags, flag,
+                     one_of, parse_flags, resolve_device, run_script)
 from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
 from model import DataError, MaskedLM, ModelConfig, count_parameters, load_checkpoint
 
 
 @dataclass
 class TrainConfig:
-    config: str = field(default="tiny", metadata={"help": f"model from configs.py: {', '.join(CONFIGS)}"})
-    data: str = field(default="sample_data", metadata={"help": "a text file or a directory of *.txt files, "
-                                                               "one sentence per line, a blank line between documents"})
-    tokenizer: str = field(default="out/tokenizer/spm.model", metadata={
-        "help": "SentencePiece model; trained on --data with the config's vocab_size if missing"})
-    out_dir: str = field(default="out/pretrain", metadata={"help": "where checkpoints go"})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda | xla"})
-    seq_len: int = field(default=128, metadata={"help": "tokens per sequence"})
-    max_predictions: int = field(default=20, metadata={"help": "masked positions per sequence (15%% of seq_len)"})
-    batch_size: int = field(default=32, metadata={"help": "sequences per micro-batch per process"})
-    grad_accum: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
-    num_workers: int = field(default=0, metadata={"help": "DataLoader processes making batches (0: in this one)"})
-    steps: int = field(default=800, metadata={"help": "optimizer steps in total"})
-    warmup: int = field(default=80, metadata={"help": "linear warm-up steps"})
-    lr: float = field(default=1e-3, metadata={"help": "peak learning rate"})
-    weight_decay: float = field(default=0.01, metadata={"help": "AdamW weight decay (not on biases, LayerNorm)"})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the global gradient norm to this"})
-    log_every: int = field(default=10, metadata={"help": "steps between log lines (and loss checks)"})
-    checkpoint_every: int = field(default=100, metadata={"help": "steps between checkpoints"})
-    keep: int = field(default=3, metadata={"help": "checkpoints kept (the newest)"})
-    seed: int = field(default=0, metadata={"help": "seed for initialisation, masking and dropout"})
-    compile: bool = field(default=False, metadata={
-        "help": "torch.compile the model (CPU or CUDA): fused elementwise kernels, after compiling (20-40 s for tiny)"})
-    resume: bool = field(default=False, metadata={"help": "continue from the newest intact checkpoint in --out-dir"})
+    config: str = flag("tiny", f"model from configs.py: {', '.join(CONFIGS)}", one_of(CONFIGS))
+    data: str = flag("sample_data", "a text file or a directory of *.txt files, one sentence per line, a blank "
+                                    "line between documents")
+    tokenizer: str = flag("out/tokenizer/spm.model", "SentencePiece model; trained on --data with the config's "
+                                                     "vocab_size if missing")
+    out_dir: str = flag("out/pretrain", "where checkpoints go")
+    device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
+    seq_len: int = flag(128, "tokens per sequence", POSITIVE)
+    max_predictions: int = flag(20, "masked positions per sequence (15%% of seq_len)", POSITIVE)
+    batch_size: int = flag(32, "sequences per micro-batch per process", POSITIVE)
+    grad_accum: int = flag(1, "micro-batches per optimizer step", POSITIVE)
+    num_workers: int = flag(0, "DataLoader processes making batches (0: in this one)", at_least(0))
+    steps: int = flag(800, "optimizer steps in total", POSITIVE)
+    warmup: int = flag(80, "linear warm-up steps", at_least(0))
+    lr: float = flag(1e-3, "peak learning rate", POSITIVE)
+    weight_decay: float = flag(0.01, "AdamW weight decay (not on biases, LayerNorm)", at_least(0))
+    max_grad_norm: float = flag(1.0, "clip the global gradient norm to this", POSITIVE)
+    log_every: int = flag(10, "steps between log lines (and loss checks)", POSITIVE)
+    checkpoint_every: int = flag(100, "steps between checkpoints", POSITIVE)
+    keep: int = flag(3, "checkpoints kept (the newest)", POSITIVE)
+    seed: int = flag(0, "seed for initialisation, masking and dropout", at_least(0))
+    compile: bool = flag(False, "torch.compile the model (CPU or CUDA): fused elementwise kernels, after "
+                                "compiling (20-40 s for tiny)")
+    resume: bool = flag(False, "continue from the newest intact checkpoint in --out-dir")
 
     def __post_init__(self):
-        if self.config not in CONFIGS:
-            raise ValueError(f"--config must be one of {', '.join(CONFIGS)}, got {self.config!r}")
-        for name in ("seq_len", "max_predictions", "batch_size", "grad_accum", "steps", "log_every",
-                     "checkpoint_every", "keep"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive")
-        if min(self.num_workers, self.warmup, self.seed) < 0 or not 0 <= self.weight_decay < math.inf:
-            raise ValueError("--num-workers, --warmup, --seed and --weight-decay must be >= 0")
-        if not (0 < self.lr < math.inf and 0 < self.max_grad_norm < math.inf):
-            raise ValueError("--lr and --max-grad-norm must be positive numbers")
+        check_flags(self)
         if self.warmup >= self.steps:
             raise ValueError(f"--warmup ({self.warmup}) must be below --steps ({self.steps})")
         if self.compile and self.device == "xla":
             raise ValueError("--compile is for cpu and cuda: torch-xla compiles every step already")
-        resolve_device(self.device)
 
 
 # Training settings a resumed run must share with its checkpoint (the model's too); --steps may grow.
@@ -190,17 +181,12 @@ class Runtime:
         """[obj of rank 0, obj of rank 1, ...] on every process (for per-rank resume state)."""
         if self.world_size == 1:
             return [obj]
-        if self.kind != "xla":
-            gathered = [None] * self.world_size
-            dist.all_gather_object(gathered, obj)
-            return gathered
-        import torch_xla.core.xla_model as xm
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
-        sizes = xm.all_gather(torch.tensor([len(data)], device=self.device)).cpu()
-        padded = torch.zeros(int(sizes.max()), dtype=torch.uint8)
-        padded[:len(data)] = data
-        gathered = xm.all_gather(padded.to(self.device)).cpu().view(self.world_size, -1)
-        return [pickle.loads(bytes(row[:n])) for row, n in zip(gathered, sizes.tolist())]
+        if self.kind == "xla":  # rendezvous exchanges bytes, in the order of the processes
+            import torch_xla.core.xla_model as xm
+            return [pickle.loads(payload) for payload in xm.rendezvous("gather_object", pickle.dumps(obj))]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
 
     def rng_state(self):
         """Every generator the step draws from (dropout), for exact resume."""

@@ -31,14 +31,14 @@ import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import data
 import evaluate
 import finetune
 import pretrain
-from configs import parse_command_line, resolve_device, run_script
+from configs import at_least, check_flags, flag, parse_command_line, resolve_device, run_script
 from model import DataError, MaskedLM, ModelConfig, count_parameters
 
 SHARED = Path(__file__).resolve().parent.parent / "shared" / "data"
@@ -105,22 +105,18 @@ PAPER = [("Table 2, coupled (E 768)", 70.7, 69.2, 61.1), ("Table 2, decoupled (E
 
 @dataclass
 class ReproduceConfig:
-    data: str = field(default=str(SHARED / "corpus"), metadata={"help": "pre-training text: a directory of *.txt "
-                                                                        "files (searched recursively)"})
-    tasks: str = field(default=str(SHARED), metadata={"help": "task data: ner/panx, xnli, xquad as in ../shared/data"})
-    out_dir: str = field(default="out/reproduce", metadata={"help": "results, plots and every model"})
-    device: str = field(default="auto", metadata={"help": "auto | cpu | cuda (cuda runs the gpu preset)"})
-    quick: bool = field(default=False, metadata={"help": "the tiny preset: the whole pipeline in a few minutes"})
-    seeds: int = field(default=0, metadata={"help": "seeds per model (0: the preset's)"})
+    data: str = flag(str(SHARED / "corpus"), "pre-training text: a directory of *.txt files (searched recursively)")
+    tasks: str = flag(str(SHARED), "task data: ner/panx, xnli, xquad as in ../shared/data")
+    out_dir: str = flag("out/reproduce", "results, plots and every model")
+    device: str = flag("auto", "auto | cpu | cuda (cuda runs the gpu preset)",
+                       (lambda v: v in ("auto", "cpu", "cuda") and resolve_device(v), "auto, cpu or cuda"))
+    quick: bool = flag(False, "the tiny preset: the whole pipeline in a few minutes")
+    seeds: int = flag(0, "seeds per model (0: the preset's)", at_least(0))
 
     def __post_init__(self):
-        if self.device not in ("auto", "cpu", "cuda"):
-            raise ValueError(f"--device must be auto, cpu or cuda, got {self.device!r}")
-        if self.seeds < 0:
-            raise ValueError("--seeds must be >= 0 (0: the preset's)")
+        check_flags(self)
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("reproduce.py draws its figures with matplotlib: pip install matplotlib")
-        resolve_device(self.device)
 
 
 def split_corpus(source, out):

@@ -62,10 +62,10 @@ def test_a_directory_it_did_not_write_and_bad_settings_are_refused(tmp_path):
     (tmp_path / "en.txt").write_text("a user's corpus\n")
     for command, message in ((["loader", "--corpus-dir", str(tmp_path), "--size-gb", "0.0001", "--seconds", "1"],
                               "a directory this benchmark did not write"),
-                             (["loader", "--batch-size", "0"], "--batch-size must be positive"),
-                             (["loader", "--seconds", "inf"], "--seconds must be positive numbers"),
-                             (["model", "--config", "tiny", "--threads", "0"], "--threads must be positive"),
-                             (["model", "--config", "tiny", "--seq-len", "1000"], "--seq-len must be in [3, 512]")):
+                             (["loader", "--batch-size", "0"], "--batch-size must be a positive number, got 0"),
+                             (["loader", "--seconds", "inf"], "--seconds must be a positive number, got inf"),
+                             (["model", "--config", "tiny", "--threads", "0"], "--threads must be a positive number, got 0"),
+                             (["model", "--config", "tiny", "--seq-len", "1000"], "--seq-len must be at most 512 for tiny")):
         out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["en.txt"]  # nothing deleted

@@ -147,11 +147,11 @@ def test_command_line_errors_are_clear(files, capsys):
 
 
 def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
-    for flags, message in ((["--dropout", "1.5"], "--dropout must be in [0, 1)"),
-                           (["--warmup-fraction", "nan"], "--warmup-fraction and --dropout must be in [0, 1)"),
-                           (["--max-grad-norm", "-1"], "--max-grad-norm must be positive"),
-                           (["--weight-decay", "-3"], "--weight-decay >= 0"),
-                           (["--lr", "0"], "--lr and --max-grad-norm must be positive")):
+    for flags, message in ((["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+                           (["--warmup-fraction", "nan"], "--warmup-fraction must be in [0, 1), got nan"),
+                           (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number, got -1.0"),
+                           (["--weight-decay", "-3"], "--weight-decay must be a number >= 0, got -3.0"),
+                           (["--lr", "0"], "--lr must be a positive number, got [0.0]")):
         with pytest.raises(SystemExit):
             parse("--task", "panx", "--config", "tiny", "--train", "x", "--eval", "y", *flags)
         assert message in capsys.readouterr().err

@@ -101,13 +101,13 @@ def test_overrides_are_typed_and_checked(capsys):
         (["--seq-len", "1024"], "--seq-len 1024 exceeds max_position_embeddings 512"),
         (["--device", "tpu"], "--device must be auto, cpu, cuda or xla"),
         # Values the optimiser would take without a word: a negative clip norm is gradient ascent.
-        (["--max-grad-norm", "-1"], "--lr and --max-grad-norm must be positive numbers"),
-        (["--max-grad-norm", "0"], "--lr and --max-grad-norm must be positive numbers"),
-        (["--lr", "nan"], "--lr and --max-grad-norm must be positive numbers"),
-        (["--lr", "-1"], "--lr and --max-grad-norm must be positive numbers"),
-        (["--weight-decay", "-1"], "--weight-decay must be >= 0"),
-        (["--weight-decay", "inf"], "--weight-decay must be >= 0"),
-        (["--seed", "-1"], "--seed and --weight-decay must be >= 0"),
+        (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number, got -1.0"),
+        (["--max-grad-norm", "0"], "--max-grad-norm must be a positive number, got 0.0"),
+        (["--lr", "nan"], "--lr must be a positive number, got nan"),
+        (["--lr", "-1"], "--lr must be a positive number, got -1.0"),
+        (["--weight-decay", "-1"], "--weight-decay must be a number >= 0, got -1.0"),
+        (["--weight-decay", "inf"], "--weight-decay must be a number >= 0, got inf"),
+        (["--seed", "-1"], "--seed must be a number >= 0, got -1"),
     ]:
         with pytest.raises(SystemExit):
             pretrain.parse_args(argv)
