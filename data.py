@@ -553,7 +553,6 @@ def _identity(item):
     return item
 
 
-
 # ----------------------------------------------------------------------------------------------
 # XTREME tasks: reading. Task files are UTF-8 (a leading byte order mark is dropped), lines end in "\n" or
 # "\r\n", and are split on those only: a sentence may hold U+001C, which str.splitlines() would break on.

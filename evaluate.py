@@ -327,31 +327,28 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     """One vector per sentence and layer: the mean of the sentence's token states without [CLS], [SEP] and
     padding. `sentences` are token-id lists (truncated to max_len - 2). Returns num_layers + 1 tensors
     (N, H): the embedding output (after the E_in -> H projection), then each layer's output."""
+    empty = next((i for i, ids in enumerate(sentences) if not ids), None)
+    if empty is not None:
+        raise DataError(f"sentence {empty} has no tokens")
     encoder.eval()
-    rows = [[cls_id] + ids[:max_len - 2] + [sep_id] for ids in sentences]
-    for i, row in enumerate(rows):
-        if len(row) == 2:
-            raise DataError(f"sentence {i} has no tokens")
-    per_layer = None
+    per_batch = []
     with torch.no_grad():
-        for start in range(0, len(rows), batch_size):
-            chunk = rows[start:start + batch_size]
+        for start in range(0, len(sentences), batch_size):
+            chunk = [ids[:max_len - 2] for ids in sentences[start:start + batch_size]]
             real = len(chunk)
-            chunk = chunk + [chunk[0]] * (batch_size - real)  # a full batch: one shape for every step
-            input_ids = torch.full((batch_size, max_len), pad_id, dtype=torch.long)
+            chunk += [chunk[0]] * (batch_size - real)  # a full batch: one shape for every step
+            input_ids = torch.full((batch_size, max_len), pad_id)
             attention_mask = torch.zeros(batch_size, max_len, dtype=torch.long)
-            for b, row in enumerate(chunk):
-                input_ids[b, :len(row)] = torch.tensor(row)
-                attention_mask[b, :len(row)] = 1
-            tokens = attention_mask.clone()
-            tokens[:, 0] = 0  # [CLS]
-            tokens[torch.arange(batch_size), attention_mask.sum(1) - 1] = 0  # [SEP]
+            tokens = torch.zeros(batch_size, max_len, 1)  # the sentence's own tokens: 1
+            for b, ids in enumerate(chunk):
+                input_ids[b, :len(ids) + 2] = torch.tensor([cls_id, *ids, sep_id])
+                attention_mask[b, :len(ids) + 2] = 1
+                tokens[b, 1:len(ids) + 1] = 1
             _, states = encoder(input_ids.to(device), attention_mask=attention_mask.to(device),
                                 output_hidden_states=True)
-            weights = tokens.to(device)[:, :, None].float()  # (B, T, 1)
-            means = [((h.float() * weights).sum(1) / weights.sum(1))[:real].cpu() for h in states]  # (B, H)
-            per_layer = means if per_layer is None else [torch.cat(pair) for pair in zip(per_layer, means)]
-    return per_layer
+            tokens = tokens.to(device)
+            per_batch.append([((h.float() * tokens).sum(1) / tokens.sum(1))[:real].cpu() for h in states])
+    return [torch.cat(layer) for layer in zip(*per_batch)]
 
 
 def translation_accuracy(source, target, fit, test):

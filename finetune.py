@@ -125,6 +125,8 @@ class FinetuneConfig:
         if bool(self.init) == bool(self.config) or (self.config and self.config not in CONFIGS):
             raise ValueError(f"pass exactly one of --init (a checkpoint or Hugging Face directory) and --config "
                              f"({', '.join(CONFIGS)})")
+        if self.config and not self.tokenizer:
+            raise ValueError("--config (random weights) needs --tokenizer")
 
 
 # What a fine-tuned model does not depend on: an out-dir may be resumed when everything else is the same.
@@ -312,16 +314,6 @@ def features(task, tokenizer, examples, settings, training):
 
 # ----------------------------------------------------------------------------------------------
 # The model: an encoder from a checkpoint, a HF directory or random weights, plus the task's head
-
-def load_tokenizer(cfg):
-    """--tokenizer, or the one saved with --init (a Hugging Face directory's, a pre-training checkpoint's);
-    when both are there, they must be the same."""
-    if not cfg.config:
-        return data.tokenizer_for(cfg.init, cfg.tokenizer)
-    if not cfg.tokenizer:
-        raise DataError("--config (random weights) needs --tokenizer")
-    return data.Tokenizer(cfg.tokenizer)
-
 
 def build_encoder(cfg, log):
     if cfg.config:
@@ -648,7 +640,8 @@ def run(cfg):
     log(f"finetune config: {asdict(cfg)}")
     settings = {k: getattr(cfg, k)
                 for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
-    tokenizer = load_tokenizer(cfg)
+    # --tokenizer, or the one saved with --init (the same, when both are there)
+    tokenizer = data.tokenizer_for(cfg.init, cfg.tokenizer) if cfg.init else data.Tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > base.config.vocab_size:
         raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces, more than the model's vocab_size "
                         f"{base.config.vocab_size}: not the model's tokenizer")

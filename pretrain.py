@@ -169,13 +169,7 @@ class Runtime:
         return tensor
 
     def barrier(self):
-        if self.world_size == 1:
-            return
-        if self.kind == "xla":
-            import torch_xla.core.xla_model as xm
-            xm.rendezvous("barrier")
-        else:
-            dist.barrier()
+        self.gather_object(None)  # no process goes on before every process has sent its part
 
     def gather_object(self, obj):
         """[obj of rank 0, obj of rank 1, ...] on every process (for per-rank resume state)."""

@@ -137,6 +137,9 @@ def test_command_line_errors_are_clear(files, capsys):
         parse("--task", "xnli", "--train", "x.tsv", "--eval", "y.tsv")  # neither --init nor --config
     assert "pass exactly one of --init" in capsys.readouterr().err
     with pytest.raises(SystemExit):
+        parse("--task", "xnli", "--config", "tiny", "--train", "x.tsv", "--eval", "y.tsv")  # no tokenizer to read with
+    assert "--config (random weights) needs --tokenizer" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
         parse("--task", "xnli", "--config", "tiny", "--train", "x", "--eval", "y", "--keep-layer", "1")
     assert "did you mean --keep-layers?" in capsys.readouterr().err
     unnamed = root / "pairs.tsv"
@@ -241,7 +244,7 @@ def test_defaults_are_table_10_and_table_15_for_rembert():
     lines = []
 
     def defaults(*args, encoder="tiny"):
-        return finetune.with_defaults(parse("--config", "tiny", "--train", "x", "--eval", "y", *args),
+        return finetune.with_defaults(parse("--config", "tiny", "--tokenizer", "t.model", "--train", "x", "--eval", "y", *args),
                                       finetune.CONFIGS[encoder], lines.append)
 
     args = defaults("--task", "xnli")
