@@ -129,7 +129,9 @@ def check_flags(instance):
     for f in fields(instance):
         test, words = f.metadata.get("check") or (None, "")
         value = getattr(instance, f.name)
-        if test and not all(map(test, value if isinstance(value, list) and test is not bool else [value])):
+        # A list field: each of its values (so a str in its place is refused, not taken as one value).
+        values = value if typing.get_origin(f.type) is list and test is not bool else [value]
+        if test and not all(map(test, values)):
             raise ValueError(f"--{f.name.replace('_', '-')} must be {words}"
                              + (f", got {value!r}" if value not in ("", []) else ""))
 

@@ -327,6 +327,7 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     """One vector per sentence and layer: the mean of the sentence's token states without [CLS], [SEP] and
     padding. `sentences` are token-id lists (truncated to max_len - 2). Returns num_layers + 1 tensors
     (N, H): the embedding output (after the E_in -> H projection), then each layer's output."""
+    sentences = [ids[:max_len - 2] for ids in sentences]
     empty = next((i for i, ids in enumerate(sentences) if not ids), None)
     if empty is not None:
         raise DataError(f"sentence {empty} has no tokens")
@@ -334,7 +335,7 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     per_batch = []
     with torch.no_grad():
         for start in range(0, len(sentences), batch_size):
-            chunk = [ids[:max_len - 2] for ids in sentences[start:start + batch_size]]
+            chunk = sentences[start:start + batch_size]
             real = len(chunk)
             chunk += [chunk[0]] * (batch_size - real)  # a full batch: one shape for every step
             input_ids = torch.full((batch_size, max_len), pad_id)

@@ -69,3 +69,5 @@ def test_a_directory_it_did_not_write_and_bad_settings_are_refused(tmp_path):
         out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     assert [p.name for p in tmp_path.iterdir()] == ["en.txt"]  # nothing deleted
+    with pytest.raises(ValueError, match="--phases must be one of pretrain, finetune, infer, got 'pretrain'"):
+        benchmark.ModelBenchmark(config="tiny", phases="pretrain")  # a str, not a list of phases

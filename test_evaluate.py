@@ -544,6 +544,8 @@ def test_sentence_embeddings_mean_over_real_tokens_only():
             torch.testing.assert_close(batched[layer][i], h[0, 1:-1].mean(0), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="sentence 1 has no tokens"):
         evaluate.sentence_embeddings(encoder, [[5], []], 1, 2, 0)
+    with pytest.raises(ValueError, match="sentence 0 has no tokens"):  # none left within max_len
+        evaluate.sentence_embeddings(encoder, [[5, 6, 7]], 1, 2, 0, max_len=2, batch_size=1)
 
 
 def test_translation_accuracy_hand_worked():

@@ -158,6 +158,11 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
         with pytest.raises(SystemExit):
             parse("--task", "panx", "--config", "tiny", "--train", "x", "--eval", "y", *flags)
         assert message in capsys.readouterr().err
+    # Built in Python: a list field's values are checked one by one, whatever the sequence.
+    settings = dict(task="xnli", config="tiny", tokenizer="t.model", train="x", eval=["y"])
+    assert finetune.FinetuneConfig(**settings, seeds=(0, 1), lr=(1e-5,)).seeds == (0, 1)
+    with pytest.raises(ValueError, match=r"--seeds must be a number >= 0, got \(0, -1\)"):
+        finetune.FinetuneConfig(**settings, seeds=(0, -1))
 
 
 def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp_path):
