@@ -100,11 +100,28 @@ def parameter_counts(name):
 # ----------------------------------------------------------------------------------------------
 # What every script shares: a dataclass per command, one --flag per field; the device by name
 
+def resolve_device(device):
+    """auto -> cuda if torch sees a GPU, else xla if PJRT_DEVICE is set (TPU VM), else cpu."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
+    if device not in ("cpu", "cuda", "xla"):
+        raise ValueError(f"--device must be auto, cpu, cuda or xla, got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda, but torch sees no CUDA GPU (a CPU-only build of torch, or no driver?)")
+    if device == "xla":
+        try:
+            import torch_xla  # noqa: F401  (only whether it is there)
+        except ImportError:
+            raise ValueError("--device xla needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0 "
+                             "(with PJRT_DEVICE=TPU on a TPU VM, or CPU to try it)") from None
+    return device
+
+
 # What a flag's values may be: (test, words for the error). A NaN fails every test.
 POSITIVE = (lambda v: 0 < v < math.inf, "a positive number")
 FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
 GIVEN = (bool, "given")  # a value at all (a list: at least one)
-DEVICE = (lambda v: resolve_device(v), "auto, cpu, cuda or xla")  # resolve_device says why one cannot be used
+DEVICE = (resolve_device, "auto, cpu, cuda or xla")  # resolve_device says why a device cannot be used
 
 
 def at_least(low):
@@ -134,6 +151,7 @@ def check_flags(instance):
         if test and not all(map(test, values)):
             raise ValueError(f"--{f.name.replace('_', '-')} must be {words}"
                              + (f", got {value!r}" if value not in ("", []) else ""))
+
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse's parser, whose errors are one line (the whole usage is what --help shows)."""
@@ -198,23 +216,6 @@ def parse_command_line(doc, commands, argv=None):
         add_flags(parsers[name], cls)
     args = parse_flags(parser, argv)
     return args.command, build(parsers[args.command], commands[args.command], args)
-
-
-def resolve_device(device):
-    """auto -> cuda if torch sees a GPU, else xla if PJRT_DEVICE is set (TPU VM), else cpu."""
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
-    if device not in ("cpu", "cuda", "xla"):
-        raise ValueError(f"--device must be auto, cpu, cuda or xla, got {device!r}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda, but torch sees no CUDA GPU (a CPU-only build of torch, or no driver?)")
-    if device == "xla":
-        try:
-            import torch_xla  # noqa: F401  (only whether it is there)
-        except ImportError:
-            raise ValueError("--device xla needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0 "
-                             "(with PJRT_DEVICE=TPU on a TPU VM, or CPU to try it)") from None
-    return device
 
 
 def run_script(main):

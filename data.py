@@ -45,7 +45,7 @@ import re
 import tempfile
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import sentencepiece as spm
@@ -142,16 +142,22 @@ def line_counts(paths):
         counts[path] = n
         indexes[directory][os.path.basename(path)] = key + [n]
     for directory in {d for d, _, _ in todo}:
-        tmp = os.path.join(directory, f"{INDEX}.{os.getpid()}.tmp")  # one per process: written whole, then renamed
         try:  # a read-only corpus directory (read-only by its mode bits, even to root) is counted again next time
             if not os.stat(directory).st_mode & 0o222:
                 raise PermissionError(directory)
-            with open(tmp, "w") as f:
-                json.dump(indexes[directory], f)
-            os.replace(tmp, os.path.join(directory, INDEX))
+            write_json(os.path.join(directory, INDEX), indexes[directory])
         except OSError:
             warnings.warn(f"{directory}: cannot write {INDEX}; its files will be counted again at the next start")
     return counts
+
+
+def write_json(path, obj):
+    """Written whole or not at all: a temporary file of this process, then renamed (a crash, or another process
+    writing the same file, never leaves half a file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
 
 
 def read_chunk(path, start, stop):

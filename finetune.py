@@ -180,7 +180,7 @@ def pair_features(tokenizer, examples, labels, seq_len):
             (a if len(a) > len(b) else b).pop()
         features.append({"input_ids": [tokenizer.cls_id, *a, tokenizer.sep_id, *b, tokenizer.sep_id],
                          "token_type_ids": [0] * (len(a) + 2) + [1] * (len(b) + 1),
-                         "labels": -100 if e.label is None else data.check_label(e.label, labels, e.source)})
+                         "labels": -100 if e.label is None else labels.index(e.label)})  # read_pairs checked it
     return to_tensors(features, seq_len, tokenizer.pad_id)
 
 
@@ -198,7 +198,7 @@ def tagging_features(tokenizer, examples, labels, seq_len):
                 cut += len(e.tokens) - k
                 break
             ids += pieces
-            row_labels += [0 if e.labels is None else data.check_label(e.labels[k], labels, e.source)]
+            row_labels += [0 if e.labels is None else labels.index(e.labels[k])]  # read_tagging checked it
             row_labels += [-100] * (len(pieces) - 1)
         features.append({"input_ids": ids + [tokenizer.sep_id], "token_type_ids": [0] * (len(ids) + 1),
                          "labels": row_labels + [-100]})
@@ -347,13 +347,6 @@ def build_model(task, encoder, dropout):
     return SpanExtractor(encoder)
 
 
-def write_json(path, obj):
-    """Written whole or not at all: a temporary file, then renamed (a crash never leaves half a file)."""
-    with open(path + ".tmp", "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(path + ".tmp", path)
-
-
 def save_finetuned(model, cfg, tokenizer_file, path):
     """transformers' RemBertFor... layout, the tokenizer, and finetune.json (the task, its settings and the
     files' digests, written last: a directory with it is complete)."""
@@ -363,7 +356,7 @@ def save_finetuned(model, cfg, tokenizer_file, path):
                                          "n_best")}
     info["sha256"] = {name: data.sha256(os.path.join(path, name))
                       for name in ("model.safetensors", "sentencepiece.model")}
-    write_json(os.path.join(path, "finetune.json"), info)
+    data.write_json(os.path.join(path, "finetune.json"), info)
 
 
 def load_finetuned(path):
@@ -605,7 +598,7 @@ def check_out_dir(cfg, runtime, log):
     if not runs:
         if runtime.is_main:
             os.makedirs(cfg.out_dir, exist_ok=True)
-            write_json(path, ours)
+            data.write_json(path, ours)
         return
     if not cfg.resume:
         raise DataError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
@@ -683,7 +676,7 @@ def run(cfg):
             evaluate.print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
             if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
                 save_finetuned(model.cpu(), cfg, tokenizer.model_file, run_dir)
-                write_json(scores_path, scores)
+                data.write_json(scores_path, scores)
                 os.remove(os.path.join(run_dir, "train-state.pt"))
                 log(f"saved the fine-tuned model to {run_dir}")
 
@@ -699,7 +692,7 @@ def run(cfg):
                 f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")
-        write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
+        data.write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
                           "per_lr": {f"{lr:g}": table for lr, table in tables.items()}})
         log(f"wrote {path}")
     return tables[best]

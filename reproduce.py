@@ -39,7 +39,7 @@ import evaluate
 import finetune
 import pretrain
 from configs import at_least, check_flags, flag, parse_command_line, resolve_device, run_script
-from model import DataError, MaskedLM, ModelConfig, count_parameters
+from model import DataError, ModelConfig, count_parameters
 
 SHARED = Path(__file__).resolve().parent.parent / "shared" / "data"
 PANX_LANGS = ("de", "en", "es", "nl", "pl", "ru")
@@ -258,7 +258,7 @@ def main(argv=None):
     setup_path = os.path.join(cfg.out_dir, "setup.json")
     if os.path.exists(setup_path) and evaluate.read_json(setup_path) != json.loads(json.dumps(setup)):
         raise DataError(f"{cfg.out_dir} holds a run of another preset or other data; choose another --out-dir")
-    finetune.write_json(setup_path, setup)
+    data.write_json(setup_path, setup)
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):
@@ -271,7 +271,7 @@ def main(argv=None):
         run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
         job_started = time.time()
         results.setdefault(name, {})[str(seed)] = run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir)
-        finetune.write_json(results_path, {"setup": setup, "results": results, "seconds": time.time() - started})
+        data.write_json(results_path, {"setup": setup, "results": results, "seconds": time.time() - started})
         elapsed = time.time() - started
         print(f"[{done}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s | elapsed "
               f"{elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min", flush=True)
