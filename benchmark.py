@@ -13,23 +13,20 @@ MFU is the model's FLOPs per second (`step_flops`: 6 N + 12 L T H per token, the
 positions) over the machine's peak: on CPU the best float32 2048x2048 matmul of this run, on CUDA the
 device's dense bf16 peak. transformers' RemBERT has only eager attention, so that is what it runs.
 
-`loader` streams data.MLMLoader over a generated corpus in --languages languages (sample_data/'s
-sentences, words shuffled, written once under --corpus-dir) and prints tokens per second and the resident
-memory of the main process and the workers as it goes: to set beside the tokens/s a step consumes.
+`loader` streams data.MLMLoader over a corpus (--data, as pretrain.py reads it) and prints tokens per
+second and the resident memory of the main process and the workers as it goes: to set beside the
+tokens/s a step consumes.
 
   python benchmark.py model --config small --batch-size 16 --seq-len 128            # CPU
   python benchmark.py model --config ein128-eout768 --batch-size 8 --phases pretrain  # base-like
   python benchmark.py model --config ein128-eout768 --device cuda --batch-size 256 --steps 20 --compile
-  python benchmark.py loader --languages 113 --seconds 120 --num-workers 1
+  python benchmark.py loader --data ../shared/data/corpus/tatoeba --seconds 120 --num-workers 1
 """
 
 import glob
 import json
 import math
 import os
-import random
-import re
-import shutil
 import statistics
 import tempfile
 import time
@@ -39,7 +36,7 @@ import torch
 
 from configs import (CONFIGS, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line, resolve_device,
                      run_script)
-from model import DataError, Encoder, MaskedLM, SequenceClassifier, save_hf
+from model import Encoder, MaskedLM, SequenceClassifier, save_hf
 
 PHASES = ("pretrain", "finetune", "infer")
 NUM_LABELS = 3  # XNLI's
@@ -243,47 +240,15 @@ def bench_model(cfg):
 
 @dataclass
 class LoaderBenchmark:
-    """data.MLMLoader's tokens/s and memory on a generated corpus in many languages"""
-    languages: int = flag(113, "languages of the generated corpus", POSITIVE)
-    size_gb: float = flag(1.0, "its size in GB (10^9 bytes)", (lambda v: 0 < v < 1e6, "positive, below 10^6"))
-    corpus_dir: str = flag("/tmp/rembert-loader-corpus", "where it is written (once)")
+    """data.MLMLoader's tokens/s and memory, streaming a corpus as pre-training does"""
+    data: str = flag("sample_data", "a text file or a directory of *.txt files, as pretrain.py's --data")
+    tokenizer: str = flag("", "SentencePiece model (default: 8000 pieces trained on sample_data/)")
     num_workers: int = flag(1, "DataLoader workers", at_least(0))
     batch_size: int = flag(32, "sequences per batch", POSITIVE)
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
     seconds: float = flag(60.0, "how long to stream, after 5 batches", POSITIVE)
 
     __post_init__ = check_flags
-
-
-def generate_corpus(root, size, languages, seed=0):
-    """{root}/l000.txt ... : languages x size / languages bytes of sample_data/ sentences (the n-th
-    language from its n % 10-th file), words shuffled, a blank line after every 5 lines."""
-    sample = sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data", "*.txt")))
-    done = os.path.join(root, f"COMPLETE-{size}-{languages}")
-    if os.path.exists(done):
-        return root
-    if os.path.isdir(root) and not all(re.fullmatch(r"l\d{3}\.txt|COMPLETE-.*|\.rembert-index\..*", name)
-                                       for name in os.listdir(root)):
-        raise DataError(f"--corpus-dir {root}: a directory this benchmark did not write; it replaces what it "
-                        f"writes, so give it an empty or new one")
-    shutil.rmtree(root, ignore_errors=True)
-    os.makedirs(root)
-    rng = random.Random(seed)
-    for n in range(languages):
-        source = sample[n % len(sample)]
-        lines = [line for line in open(source, encoding="utf-8").read().split("\n") if line]
-        spaced = " " in "".join(lines)  # zh and ja have no spaces: shuffle characters
-        pool = []
-        for _ in range(2000):
-            words = rng.choice(lines).split() if spaced else list(rng.choice(lines))
-            rng.shuffle(words)
-            pool.append((" " if spaced else "").join(words))
-        with open(os.path.join(root, f"l{n:03d}.txt"), "w", encoding="utf-8") as f:
-            while f.tell() < size // languages:
-                block = rng.choices(pool, k=5000)
-                f.write("".join(line + ("\n\n" if k % 5 == 4 else "\n") for k, line in enumerate(block)))
-    open(done, "w").close()
-    return root
 
 
 def _rss_mb(pid):
@@ -293,13 +258,12 @@ def _rss_mb(pid):
 
 def bench_loader(cfg):
     from data import MLMLoader, Tokenizer, train_tokenizer
-    root = generate_corpus(cfg.corpus_dir, int(cfg.size_gb * 1e9), cfg.languages)
     with tempfile.TemporaryDirectory() as tmp:
-        tokenizer = Tokenizer(train_tokenizer(os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data"),
-                                              8000, os.path.join(tmp, "spm")))
+        sample = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data")
+        tokenizer = Tokenizer(cfg.tokenizer or train_tokenizer(sample, 8000, os.path.join(tmp, "spm")))
     started = time.time()
-    loader = MLMLoader(root, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_workers=cfg.num_workers)
-    print(f"corpus: {cfg.languages} languages, {cfg.size_gb} GB; line counts ready in {time.time() - started:.1f} s")
+    loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_workers=cfg.num_workers)
+    print(f"{cfg.data}: {len(loader.probabilities)} languages; line counts ready in {time.time() - started:.1f} s")
     children = lambda: [int(c) for p in glob.glob(f"/proc/{os.getpid()}/task/*/children")
                         for c in open(p).read().split()]
     batches, last = 0, 0.0

@@ -121,6 +121,7 @@ def resolve_device(device):
 POSITIVE = (lambda v: 0 < v < math.inf, "a positive number")
 FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
 GIVEN = (bool, "given")  # a value at all (a list: at least one)
+SEED = (lambda v: 0 <= v < 2 ** 32, "an integer in [0, 2^32)")  # torch.manual_seed takes seed + rank
 DEVICE = (resolve_device, "auto, cpu, cuda or xla")  # resolve_device says why a device cannot be used
 
 

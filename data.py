@@ -263,17 +263,14 @@ def tokenizer_for(model_path, tokenizer_file=""):
         saved = {"path": path, "sha256": sha256(path)} if os.path.isfile(path) else None
     else:
         checkpoint = load_checkpoint(model_path, weights=False)  # the model's loader checks the weights
-        # A checkpoint of an earlier version recorded the path alone, as it was given.
-        saved = checkpoint.get("tokenizer") or {"path": checkpoint.get("train_config", {}).get("tokenizer", ""),
-                                                "sha256": None}
-        saved = saved if saved["path"] else None
+        saved = checkpoint.get("tokenizer") if isinstance(checkpoint, dict) else None
     if saved is None and not tokenizer_file:
         raise DataError(f"{model_path}: no tokenizer was saved with it; pass --tokenizer")
     if not tokenizer_file and not os.path.isfile(saved["path"]):
         raise DataError(f"{model_path} was trained with the tokenizer {saved['path']}, which is not there (moved?); "
                         f"pass --tokenizer")
     tokenizer = Tokenizer(tokenizer_file or saved["path"])
-    if saved is not None and saved["sha256"] not in (None, tokenizer.sha256):
+    if saved is not None and saved["sha256"] != tokenizer.sha256:
         if os.path.realpath(tokenizer.model_file) == os.path.realpath(saved["path"]):
             raise DataError(f"{tokenizer.model_file} has changed since {model_path} was trained with it")
         raise DataError(f"{tokenizer.model_file} is not the tokenizer {model_path} was trained with "
@@ -547,9 +544,11 @@ class MLMLoader:
         if self.num_workers == 0:
             source = _worker_batches(self.corpus, self.tokenizer, self.settings, 0, states[0])
         else:
+            # A generator of its own: DataLoader seeds its workers from it (they draw nothing), and torch's
+            # global one, dropout's, stays untouched, so a resumed run draws the masks the uninterrupted one does.
             source = iter(torch.utils.data.DataLoader(
                 _WorkerStreams(self.corpus, self.tokenizer, self.settings, logical, states), batch_size=None,
-                num_workers=self.num_workers, collate_fn=_identity))
+                num_workers=self.num_workers, collate_fn=_identity, generator=torch.Generator()))
         for batch, worker_state, w in source:
             st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n
             yield batch
@@ -726,6 +725,9 @@ def read_squad(path, check_answers=True):
                     if check_answers and found != answer["text"]:
                         raise DataError(f"{where}: answer {answer['text']!r} is not at answer_start {start} of "
                                         f"the context (found {found!r})")
+                texts = [qa["id"], qa["question"], context, *(answer["text"] for answer in qa.get("answers", []))]
+                if any(re.search("[\ud800-\udfff]", text) for text in texts):  # JSON may escape one: "\\ud83d"
+                    raise DataError(f"{where}: its text holds a lone UTF-16 surrogate (half of a pair), no character")
                 examples.append(SquadExample(qa["id"], qa["question"], context, qa.get("answers", []), a, where))
     if not examples:
         raise DataError(f"{path}: no questions")

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 
 import data
-from configs import (DEVICE, GIVEN, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line,
+from configs import (DEVICE, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of, parse_command_line,
                      resolve_device, run_script)
 from model import DataError, MaskedLM
 
@@ -291,7 +291,7 @@ def score_files(task, gold_path, predictions_path, lang=None):
         raise DataError(f"--lang must be one of {', '.join(MLQA_LANGUAGES)} for mlqa (its answer normalization "
                         f"depends on the language), got {lang!r}")
     gold = data.read_squad(gold_path, check_answers=False)  # the official scripts read only the answers' text
-    unanswerable = [e.id for e in gold if not e.answers]
+    unanswerable = [e.id for e in gold if not any(a["text"] for a in e.answers)]  # "": answers removed
     if unanswerable:
         raise DataError(f"{gold_path}: question {unanswerable[0]!r} has no gold answer to score against")
     predictions = read_json(predictions_path)
@@ -430,7 +430,7 @@ class MLMAccuracyConfig:
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
     max_predictions: int = flag(20, "masked positions per sequence", POSITIVE)
     batch_size: int = flag(32, "sequences per batch", POSITIVE)
-    seed: int = flag(0, "seed of the masking and sampling", at_least(0))
+    seed: int = flag(0, "seed of the masking and sampling", SEED)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
     __post_init__ = check_flags
@@ -448,7 +448,7 @@ class ProbeConfig:
                      one_of(("questions", "contexts")))
     max_len: int = flag(128, "tokens per sentence, with [CLS] and [SEP]", at_least(3))
     batch_size: int = flag(32, "sentences per batch", POSITIVE)
-    seed: int = flag(0, "seed of the fit/test split of the pairs", at_least(0))
+    seed: int = flag(0, "seed of the fit/test split of the pairs", SEED)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
     __post_init__ = check_flags

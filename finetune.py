@@ -48,7 +48,7 @@ import torch
 
 import data
 import evaluate
-from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, at_least, check_flags, flag, one_of,
+from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
 from model import (DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier, load_checkpoint,
                    save_hf)
@@ -113,7 +113,7 @@ class FinetuneConfig:
     weight_decay: float = flag(0.01, "AdamW weight decay (not on biases, LayerNorm)", at_least(0))
     max_grad_norm: float = flag(1.0, "clip the global gradient norm to this", POSITIVE)
     dropout: float = flag(0.1, "dropout before the task's output layer", FRACTION)
-    seeds: list[int] = flag([0], "one run per seed, averaged (paper: 3)", at_least(0))
+    seeds: list[int] = flag([0], "one run per seed, averaged (paper: 3)", SEED)
     keep_layers: int = flag(0, "keep only the encoder's first K layers (Figure 1; 0: all)", at_least(0))
     log_every: int = flag(20, "steps between log lines", POSITIVE)
     checkpoint_every: int = flag(500, "steps between saves of the training state", POSITIVE)
@@ -385,7 +385,7 @@ def read_examples(task, path, labelled=True):
     """The file's examples; labelled=True (training and evaluation) refuses one without labels or answers."""
     if task.kind == "qa":
         examples = data.read_squad(path)
-        unanswered = [e.source for e in examples if not e.answers]
+        unanswered = [e.source for e in examples if not any(a["text"] for a in e.answers)]  # "" answers nothing
         if labelled and unanswered:
             raise DataError(f"{unanswered[0]}: no answer to train or evaluate on")
         return examples

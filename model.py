@@ -66,6 +66,8 @@ class ModelConfig:
             raise ValueError(f"tie_embeddings shares one matrix between input and output, so it needs "
                              f"input_embedding_size == output_embedding_size (got {self.input_embedding_size} and "
                              f"{self.output_embedding_size})")
+        if not 0.0 < self.layer_norm_eps < float("inf"):
+            raise ValueError(f"ModelConfig.layer_norm_eps must be a positive number, got {self.layer_norm_eps}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
 
@@ -250,6 +252,11 @@ class MaskedLM(nn.Module):
         _load_hf_encoder(model.encoder, state, path)
         head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
         if all(hf in state for hf in head.values()):
+            # transformers' RemBERT never ties: its file holds both copies, which must then be the same.
+            if config.tie_embeddings and not torch.equal(state[head["decoder.weight"]],
+                                                         state["embeddings.word_embeddings.weight"]):
+                raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
+                                f"differs from its input embedding")
             _copy_tensors(model.head, state, head, path)
         else:
             warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
@@ -386,13 +393,15 @@ def _read_hf(path):
     try:
         with open(os.path.join(path, "config.json")) as f:
             hf = json.load(f)
-        config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items()})
+        config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items()},
+                             tie_embeddings=hf.get("tie_word_embeddings", False))
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
     if hf.get("hidden_act", "gelu") != "gelu":
         raise DataError(f"{path}/config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'gelu')")
-    if hf.get("tie_word_embeddings", False):
-        raise DataError(f"{path}/config.json: tie_word_embeddings=true is not RemBERT's layout")
+    if hf.get("attention_probs_dropout_prob", config.dropout) != config.dropout:
+        warnings.warn(f"{path}/config.json: attention_probs_dropout_prob {hf['attention_probs_dropout_prob']} is not "
+                      f"its hidden_dropout_prob {config.dropout}, which this implementation uses for both")
     if os.path.exists(os.path.join(path, "model.safetensors")):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
@@ -465,7 +474,8 @@ def save_hf(model, path):
         state[prefix + _HF_PROJECTION + "bias"] = torch.zeros(config.hidden_size)
     state.update(extra)
     hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
-    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu", tie_word_embeddings=False,
+    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu",
+                     tie_word_embeddings=config.tie_embeddings,
                      attention_probs_dropout_prob=config.dropout, initializer_range=0.02, pad_token_id=0)
     if isinstance(model, (SequenceClassifier, TokenClassifier)):
         hf_config["num_labels"] = model.classifier.out_features

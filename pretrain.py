@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configs import (CONFIGS, DEVICE, POSITIVE, ArgumentParser, add_flags, build, at_least, check_flags, flag,
+from configs import (CONFIGS, DEVICE, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags, flag,
                      one_of, parse_flags, resolve_device, run_script)
 from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
 from model import DataError, MaskedLM, ModelConfig, count_parameters, load_checkpoint
@@ -59,7 +59,7 @@ class TrainConfig:
                                                      "vocab_size if missing")
     out_dir: str = flag("out/pretrain", "where checkpoints go")
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
-    seq_len: int = flag(128, "tokens per sequence", POSITIVE)
+    seq_len: int = flag(128, "tokens per sequence", at_least(3))
     max_predictions: int = flag(20, "masked positions per sequence (15%% of seq_len)", POSITIVE)
     batch_size: int = flag(32, "sequences per micro-batch per process", POSITIVE)
     grad_accum: int = flag(1, "micro-batches per optimizer step", POSITIVE)
@@ -72,7 +72,7 @@ class TrainConfig:
     log_every: int = flag(10, "steps between log lines (and loss checks)", POSITIVE)
     checkpoint_every: int = flag(100, "steps between checkpoints", POSITIVE)
     keep: int = flag(3, "checkpoints kept (the newest)", POSITIVE)
-    seed: int = flag(0, "seed for initialisation, masking and dropout", at_least(0))
+    seed: int = flag(0, "seed for initialisation, masking and dropout", SEED)
     compile: bool = flag(False, "torch.compile the model (CPU or CUDA): fused elementwise kernels, after "
                                 "compiling (20-40 s for tiny)")
     resume: bool = flag(False, "continue from the newest intact checkpoint in --out-dir")
@@ -387,7 +387,7 @@ def train(model_config, cfg):
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
-    if resumed and "tokenizer" in resumed[1] and not os.path.exists(cfg.tokenizer):
+    if resumed and not os.path.exists(cfg.tokenizer):
         cfg = dataclasses.replace(cfg, tokenizer=resumed[1]["tokenizer"]["path"])
         log(f"--resume: {resumed[0]}'s tokenizer, {cfg.tokenizer}")
     log(f"model config: {asdict(model_config)}")
@@ -421,7 +421,7 @@ def train(model_config, cfg):
         if differ:
             raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
                             f"the same --config, overrides and training flags, or another --out-dir")
-        if checkpoint.get("tokenizer", {}).get("sha256", tokenizer.sha256) != tokenizer.sha256:
+        if checkpoint["tokenizer"]["sha256"] != tokenizer.sha256:
             raise DataError(f"{path} was trained with the tokenizer {checkpoint['tokenizer']['path']}; "
                             f"{cfg.tokenizer} is another one (or has changed since)")
         if checkpoint["step"] > cfg.steps:

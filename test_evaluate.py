@@ -500,6 +500,8 @@ def test_score_qa(tmp_path, capsys):
     assert "bad.json:1: invalid JSON" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1"'))
     no_answers = write(tmp_path / "g.json", json.dumps({"data": squad(("x", []))}))
     assert "question 'x' has no gold answer" in score_error(capsys, "xquad", no_answers, predictions)
+    removed = write(tmp_path / "g.json", json.dumps({"data": squad(("x", [""]))}))  # a test file, answers removed
+    assert "question 'x' has no gold answer" in score_error(capsys, "xquad", removed, predictions)
     twice = write(tmp_path / "g.json", json.dumps({"data": squad(("q1", ["Hund"]), ("q1", ["Katze"]))}))
     assert "g.json: question 'q1': this id is used twice" in score_error(capsys, "xquad", twice, predictions)
 

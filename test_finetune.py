@@ -161,7 +161,7 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
     # Built in Python: a list field's values are checked one by one, whatever the sequence.
     settings = dict(task="xnli", config="tiny", tokenizer="t.model", train="x", eval=["y"])
     assert finetune.FinetuneConfig(**settings, seeds=(0, 1), lr=(1e-5,)).seeds == (0, 1)
-    with pytest.raises(ValueError, match=r"--seeds must be a number >= 0, got \(0, -1\)"):
+    with pytest.raises(ValueError, match=r"--seeds must be an integer in \[0, 2\^32\), got \(0, -1\)"):
         finetune.FinetuneConfig(**settings, seeds=(0, -1))
 
 

@@ -180,6 +180,40 @@ def test_unfactorized_models_export_with_an_identity_projection(tmp_path):
         MaskedLM.from_hf(tmp_path / "learned")
 
 
+def test_a_coupled_model_exports_and_loads_back_coupled(tmp_path):
+    """transformers' RemBERT never ties (its file holds both copies, and it computes the same); our loader
+    reads tie_word_embeddings back, so a coupled model stays coupled, and refuses copies that differ."""
+    transformers = pytest.importorskip("transformers")
+    config = replace(SMALL, input_embedding_size=24, output_embedding_size=24, tie_embeddings=True)
+    torch.manual_seed(0)
+    ours = MaskedLM(config).eval()
+    save_hf(ours, tmp_path)
+    theirs = transformers.RemBertForMaskedLM.from_pretrained(tmp_path).eval()
+    back = MaskedLM.from_hf(tmp_path).eval()
+    assert back.head.decoder.weight is back.encoder.embeddings.word_embeddings.weight
+    assert count_parameters(back) == count_parameters(ours)
+    input_ids, token_type_ids, attention_mask = batch(config)
+    with torch.no_grad():
+        reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+        for model in (ours, back):
+            torch.testing.assert_close(model(input_ids, token_type_ids, attention_mask)[0], reference,
+                                       atol=1e-5, rtol=1e-5)
+    with torch.no_grad():
+        theirs.cls.predictions.decoder.weight.add_(1.0)  # trained apart in transformers: no longer one matrix
+    theirs.save_pretrained(tmp_path / "apart")
+    with pytest.raises(DataError, match="tie_word_embeddings, but its output embedding .* differs"):
+        MaskedLM.from_hf(tmp_path / "apart")
+
+
+def test_one_dropout_rate_or_a_warning(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.RemBertModel(hf_config(SMALL)).save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "attention_probs_dropout_prob": 0.3}))
+    with pytest.warns(UserWarning, match="attention_probs_dropout_prob 0.3 is not its hidden_dropout_prob 0.0"):
+        Encoder.from_hf(tmp_path)
+
+
 def test_from_hf_shape_mismatch_names_the_tensor(tmp_path):
     transformers = pytest.importorskip("transformers")
     hf = transformers.RemBertForMaskedLM(hf_config(SMALL))
