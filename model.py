@@ -11,14 +11,11 @@ The paper's ideas, each in one named place:
   - pre-training-only capacity (Section 5, Table 5): `MaskedLM.pretraining_layers` are Transformer
     layers on top of the kept `Encoder`, used for pre-training and dropped for fine-tuning.
 
-The computation and the weight names follow Hugging Face's `modeling_rembert.py`, so the released
-RemBERT checkpoint loads with `MaskedLM.from_hf` and matches it numerically. Unlike that
-implementation, the masked-LM head gathers the masked positions before it projects to E_out and the
-vocabulary (google-research/bert's `gather_indexes`): with 15% of positions masked it skips about
-85% of the output layer, the largest matrix of the model.
-
-This file imports only torch and the standard library (`safetensors` inside the two functions that
-read and write transformers' files), so it can be copied alone.
+The computation and the weight names follow Hugging Face's `modeling_rembert.py`: the released
+RemBERT checkpoint loads with `MaskedLM.from_hf` and matches it numerically. Unlike there, the masked-LM
+head gathers the masked positions first (google-research/bert's `gather_indexes`), skipping about 85%
+of the output layer, the largest matrix of the model. This file imports only torch and the standard
+library (`safetensors` inside the two functions that read and write transformers' files): it copies alone.
 """
 
 import json
@@ -45,10 +42,8 @@ class ModelConfig:
     intermediate_size: int = field(default=4608, metadata={"help": "feed-forward width"})
     input_embedding_size: int = field(default=256, metadata={"help": "E_in, the input embedding width (§4)"})
     output_embedding_size: int = field(default=1664, metadata={"help": "E_out, the MLM head's width (§5)"})
-    tie_embeddings: bool = field(default=False, metadata={
-        "help": "one matrix for the input and output embeddings (the coupled baseline; needs E_in == E_out)"})
-    pretraining_only_layers: int = field(default=0, metadata={
-        "help": "layers on top of the encoder, dropped for fine-tuning (Table 5)"})
+    tie_embeddings: bool = field(default=False, metadata={"help": "coupled: one matrix in and out (E_in == E_out)"})
+    pretraining_only_layers: int = field(default=0, metadata={"help": "pre-training-only layers on top (Table 5)"})
     max_position_embeddings: int = field(default=512, metadata={"help": "longest sequence"})
     type_vocab_size: int = field(default=2, metadata={"help": "segment types"})
     layer_norm_eps: float = field(default=1e-12, metadata={"help": "LayerNorm epsilon"})
@@ -252,7 +247,6 @@ class MaskedLM(nn.Module):
         _load_hf_encoder(model.encoder, state, path)
         head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
         if all(hf in state for hf in head.values()):
-            # transformers' RemBERT never ties: its file holds both copies, which must then be the same.
             if config.tie_embeddings and not torch.equal(state[head["decoder.weight"]],
                                                          state["embeddings.word_embeddings.weight"]):
                 raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
@@ -322,14 +316,11 @@ class SpanExtractor(nn.Module):
 # Initialisation, the paper's parameter accounting, checkpoints
 
 def init_weights(module):
-    """BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm."""
+    """BERT's initialisation: N(0, 0.02) weights, zero biases (LayerNorm starts as torch makes it: gain 1, bias 0)."""
     if isinstance(module, (nn.Linear, nn.Embedding)):
         nn.init.normal_(module.weight, std=0.02)
         if getattr(module, "bias", None) is not None:
             nn.init.zeros_(module.bias)
-    elif isinstance(module, nn.LayerNorm):
-        nn.init.ones_(module.weight)
-        nn.init.zeros_(module.bias)
 
 
 def count_parameters(model):
@@ -400,8 +391,7 @@ def _read_hf(path):
     if hf.get("hidden_act", "gelu") != "gelu":
         raise DataError(f"{path}/config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'gelu')")
     if hf.get("attention_probs_dropout_prob", config.dropout) != config.dropout:
-        warnings.warn(f"{path}/config.json: attention_probs_dropout_prob {hf['attention_probs_dropout_prob']} is not "
-                      f"its hidden_dropout_prob {config.dropout}, which this implementation uses for both")
+        warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
     if os.path.exists(os.path.join(path, "model.safetensors")):
         from safetensors import SafetensorError
         from safetensors.torch import load_file
