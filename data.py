@@ -128,8 +128,11 @@ def line_counts(paths):
                     indexes[directory] = json.load(f)
             except (OSError, ValueError):
                 indexes[directory] = {}
-        stat = os.stat(path)
-        if indexes[directory].get(name, [])[:2] == [stat.st_size, stat.st_mtime_ns]:
+            if not isinstance(indexes[directory], dict):  # damaged: counted again
+                indexes[directory] = {}
+        stat, entry = os.stat(path), indexes[directory].get(name)
+        if (isinstance(entry, list) and len(entry) == 3 and entry[:2] == [stat.st_size, stat.st_mtime_ns]
+                and type(entry[2]) is int and entry[2] > 0):
             counts[path] = indexes[directory][name][2]
         else:
             todo.append((directory, path, [stat.st_size, stat.st_mtime_ns]))
@@ -321,11 +324,14 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
             with open(sample, encoding="utf-8") as f, open(kept, "w", encoding="utf-8") as out:
                 out.writelines(line.translate(rare) for line in f)
             sample = kept
-        spm.SentencePieceTrainer.train(
-            input=sample, model_prefix=str(model_prefix), vocab_size=vocab_size, model_type="unigram",
-            pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
-            control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
-            input_sentence_size=0, max_sentence_length=1 << 16, num_threads=os.cpu_count() or 1, minloglevel=2)
+        try:
+            spm.SentencePieceTrainer.train(
+                input=sample, model_prefix=str(model_prefix), vocab_size=vocab_size, model_type="unigram",
+                pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
+                control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
+                input_sentence_size=0, max_sentence_length=1 << 16, num_threads=os.cpu_count() or 1, minloglevel=2)
+        except RuntimeError as e:  # e.g. every line longer than max_sentence_length, or blank to SentencePiece
+            raise DataError(f"{files}: SentencePiece found no text to train a tokenizer on ({e})") from None
     return f"{model_prefix}.model"
 
 

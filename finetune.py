@@ -127,6 +127,9 @@ class FinetuneConfig:
                              f"({', '.join(CONFIGS)})")
         if self.config and not self.tokenizer:
             raise ValueError("--config (random weights) needs --tokenizer")
+        for name, values in (("lr", [f"{lr:g}" for lr in self.lr]), ("seeds", self.seeds)):
+            if len(set(values)) < len(values):  # two runs would share one directory, lr-RATE/seed-N
+                raise ValueError(f"--{name} repeats a value ({' '.join(map(str, values))})")
 
 
 # What a fine-tuned model does not depend on: an out-dir may be resumed when everything else is the same.
@@ -147,6 +150,8 @@ class PredictConfig:
         check_flags(self)
         if os.path.realpath(self.output) == os.path.realpath(self.input):
             raise ValueError("--output is --input: the predictions would overwrite the file they are made from")
+        if os.path.dirname(os.path.realpath(self.output)) == os.path.realpath(self.model):
+            raise ValueError("--output is in --model's directory: the predictions could overwrite the model's files")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -593,8 +598,8 @@ def check_out_dir(cfg, runtime, log):
     for key in ("init", "tokenizer", "train"):  # a file however it is spelled: relative, absolute, via a link
         ours[key] = ours[key] and os.path.realpath(ours[key])
     ours["eval"] = [re.sub(r"[^=]+$", lambda m: os.path.realpath(m.group()), spec) for spec in cfg.eval]
-    runs = glob.glob(os.path.join(cfg.out_dir, "lr-*", "seed-*", "*.json")) + glob.glob(
-        os.path.join(cfg.out_dir, "lr-*", "seed-*", "train-state.pt"))
+    runs = [path for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")
+            for path in glob.glob(os.path.join(cfg.out_dir, name))]
     if not runs:
         if runtime.is_main:
             os.makedirs(cfg.out_dir, exist_ok=True)
@@ -657,8 +662,10 @@ def run(cfg):
             run_dir = os.path.join(cfg.out_dir, f"lr-{lr:g}", f"seed-{seed}")
             scores_path = os.path.join(run_dir, "scores.json")
             if os.path.exists(scores_path):  # only with --resume: check_out_dir saw to that
-                with open(scores_path) as f:
-                    sweep[lr][seed] = json.load(f)
+                sweep[lr][seed] = evaluate.read_json(scores_path)
+                if not (isinstance(sweep[lr][seed], dict) and sweep[lr][seed].keys() == {*evals, "average"} and all(
+                        isinstance(row, dict) and row.keys() == set(task.metrics) for row in sweep[lr][seed].values())):
+                    raise DataError(f"{scores_path}: not the scores of these languages and metrics (damaged?)")
                 log(f"{run_dir} was finished before; its scores are reused")
                 continue
             torch.manual_seed(seed)  # the head's initialisation (the encoder's with --config) and dropout

@@ -56,7 +56,8 @@ class TrainConfig:
     data: str = flag("sample_data", "a text file or a directory of *.txt files, one sentence per line, a blank "
                                     "line between documents")
     tokenizer: str = flag("out/tokenizer/spm.model", "SentencePiece model; trained on --data with the config's "
-                                                     "vocab_size if missing")
+                                                     "vocab_size if missing", (lambda v: v.endswith(".model"),
+                                                                               "a file name ending in .model"))
     out_dir: str = flag("out/pretrain", "where checkpoints go")
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
@@ -387,7 +388,7 @@ def train(model_config, cfg):
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
-    if resumed and not os.path.exists(cfg.tokenizer):
+    if resumed and "tokenizer" in resumed[1] and not os.path.exists(cfg.tokenizer):
         cfg = dataclasses.replace(cfg, tokenizer=resumed[1]["tokenizer"]["path"])
         log(f"--resume: {resumed[0]}'s tokenizer, {cfg.tokenizer}")
     log(f"model config: {asdict(model_config)}")
@@ -421,7 +422,7 @@ def train(model_config, cfg):
         if differ:
             raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
                             f"the same --config, overrides and training flags, or another --out-dir")
-        if checkpoint["tokenizer"]["sha256"] != tokenizer.sha256:
+        if checkpoint.get("tokenizer", {}).get("sha256", tokenizer.sha256) != tokenizer.sha256:
             raise DataError(f"{path} was trained with the tokenizer {checkpoint['tokenizer']['path']}; "
                             f"{cfg.tokenizer} is another one (or has changed since)")
         if checkpoint["step"] > cfg.steps:

@@ -254,17 +254,21 @@ def main(argv=None):
     os.makedirs(cfg.out_dir, exist_ok=True)
     started = time.time()
     print(f"preset {'quick' if cfg.quick else device}: {asdict(p)}", flush=True)
-    setup = {"preset": asdict(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}
+    setup = json.loads(json.dumps(  # as the JSON files hold it (tuples as lists)
+        {"preset": asdict(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}))
     setup_path = os.path.join(cfg.out_dir, "setup.json")
-    if os.path.exists(setup_path) and evaluate.read_json(setup_path) != json.loads(json.dumps(setup)):
+    if os.path.exists(setup_path) and evaluate.read_json(setup_path) != setup:
         raise DataError(f"{cfg.out_dir} holds a run of another preset or other data; choose another --out-dir")
+    results_path = os.path.join(cfg.out_dir, "results.json")
+    stored = evaluate.read_json(results_path) if os.path.exists(results_path) else {"setup": setup, "results": {}}
+    if not isinstance(stored, dict) or stored.get("setup") != setup or not isinstance(stored.get("results"), dict):
+        raise DataError(f"{results_path} holds results of another preset or other data; choose another --out-dir")
+    results = stored["results"]
     data.write_json(setup_path, setup)
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"))
-    results_path = os.path.join(cfg.out_dir, "results.json")
-    results = evaluate.read_json(results_path)["results"] if os.path.exists(results_path) else {}
     jobs = [(name, config, seed) for name, config in models(p).items() for seed in range(p.seeds)
             if str(seed) not in results.get(name, {})]
     for done, (name, config, seed) in enumerate(jobs, 1):

@@ -366,6 +366,22 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
         data.MLMLoader(str(tmp_path / "empty"), tokenizer)
 
 
+def test_a_damaged_line_index_is_counted_again(tmp_path):
+    corpus = tmp_path / "en.txt"
+    corpus.write_text("one\ntwo\n\nthree\n")
+    key = [corpus.stat().st_size, corpus.stat().st_mtime_ns]
+    for index in ([1], {"en.txt": 5}, {"en.txt": key}, {"en.txt": key + [0]}, {"en.txt": key + [-5]},
+                  {"en.txt": key + [1.5]}, {"en.txt": key + ["x"]}):
+        (tmp_path / data.INDEX).write_text(json.dumps(index))
+        assert data.line_counts([str(corpus)]) == {str(corpus): 3}
+
+
+def test_a_corpus_sentencepiece_cannot_read_is_named(tmp_path):
+    (tmp_path / "en.txt").write_text("x" * 70_000 + "\n")  # one line, past max_sentence_length
+    with pytest.raises(data.DataError, match="en.txt.*SentencePiece found no text to train a tokenizer on"):
+        data.train_tokenizer(str(tmp_path / "en.txt"), 400, str(tmp_path / "spm"))
+
+
 # ----------------------------------------------------------------------------------------------
 # XTREME tasks
 

@@ -663,3 +663,5 @@ def test_read_parallel(tmp_path):
     lines = write(tmp_path / "a.txt", "one\ntwo\n"), write(tmp_path / "b.txt", "eins\n")
     with pytest.raises(ValueError, match="not parallel: 2 and 1 sentences"):
         evaluate.read_parallel(*lines)
+    with pytest.raises(ValueError, match="two SQuAD-format .json files, or two text files"):
+        evaluate.read_parallel(lines[0], source)  # the JSON's lines would be taken for sentences

@@ -163,6 +163,13 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
     assert finetune.FinetuneConfig(**settings, seeds=(0, 1), lr=(1e-5,)).seeds == (0, 1)
     with pytest.raises(ValueError, match=r"--seeds must be an integer in \[0, 2\^32\), got \(0, -1\)"):
         finetune.FinetuneConfig(**settings, seeds=(0, -1))
+    # Two runs of one directory (lr-0.001/seed-0): the second would reuse the first's scores.
+    with pytest.raises(ValueError, match=r"--lr repeats a value \(0.001 0.001\)"):
+        finetune.FinetuneConfig(**settings, lr=[0.001, 0.0010000001])
+    with pytest.raises(ValueError, match=r"--seeds repeats a value \(0 0\)"):
+        finetune.FinetuneConfig(**settings, seeds=[0, 0])
+    with pytest.raises(ValueError, match="--output is in --model's directory"):
+        finetune.PredictConfig(model="run", task="panx", input="x.tsv", output="run/finetune.json")
 
 
 def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp_path):
@@ -177,6 +184,10 @@ def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp
     (tmp_path / "finetune-config.json").unlink()
     with pytest.raises(DataError, match="holds runs but no finetune-config.json"):
         run(*args, "--resume")
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "results.json").write_text("{}")  # not finetune.py's: never overwritten
+    with pytest.raises(DataError, match="already holds fine-tuning runs; pass --resume"):
+        run(*args[:-len(SMALL_ARGS) - 2], "--out-dir", tmp_path / "results", *SMALL_ARGS)
 
 
 def test_a_tokenizer_other_than_the_encoders_is_refused(files, hf_dir, tmp_path):
