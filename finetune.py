@@ -491,6 +491,11 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
             group["lr"] = lr_at(step, warmup, total, lr)
         with runtime.autocast():
             loss = ddp_model(**batch)[-1]
+        # Tagging: the loss is the mean over the global batch's labelled tokens, whatever each process holds
+        # (DDP averages the processes' gradients, hence x world_size).
+        if "labels" in batch and batch["labels"].ndim == 2 and runtime.world_size > 1:
+            tokens = (batch["labels"] != -100).sum().float()
+            loss = loss * tokens * runtime.world_size / runtime.all_reduce_sum(tokens.clone())
         loss.backward()
         runtime.optimizer_step(optimizer, cfg.max_grad_norm)
         optimizer.zero_grad(set_to_none=True)

@@ -618,3 +618,21 @@ def test_gold_answers_survive_features_and_decoding(tatoeba_tokenizer, path):
 def test_xquad_gold_answers_survive_features_and_decoding(tatoeba_tokenizer, lang):
     scores, _ = gold_round_trip(tatoeba_tokenizer, SHARED / "xquad" / f"xquad.{lang}.json")
     assert scores["exact_match"] >= 98.0, scores
+
+
+def test_tagging_with_two_processes_trains_as_one(files, tmp_path):
+    """--batch-size is the global batch: with sentences of unequal length, two processes (gloo) must weigh
+    every labelled token as one process does, not average the processes' means."""
+    root, spm = files
+    tags = tmp_path / "tags-en.tsv"
+    tags.write_text("Paris\tB-LOC\n\n" + TAGGED + "\nBerlin\tB-LOC\nand\tO\nRome\tB-LOC\n")
+    args = ["--task", "panx", "--config", "tiny", "--tokenizer", spm, "--train", tags, "--eval", f"en={tags}",
+            "--epochs", "2", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-2", "--dropout", "0",
+            "--device", "cpu"]
+    weights = []
+    for out, launcher in (("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",
+                                                               "--standalone", "--nproc_per_node=2"])):
+        subprocess.run([*launcher, "finetune.py", *map(str, args), "--out-dir", str(tmp_path / out)], cwd=REPO,
+                       check=True, capture_output=True)
+        weights.append(load_file(tmp_path / out / "lr-0.01" / "seed-0" / "model.safetensors"))
+    assert max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0]) < 1e-5
