@@ -229,7 +229,8 @@ def run_script(main):
         sys.exit(2)
 
 
-def main():
+def main(argv=None):
+    ArgumentParser(description=__doc__).parse_args(argv)  # no flags: --help, or one line naming an unknown argument
     print(f"{'config':<16} {'L':>3} {'+L':>3} {'H':>5} {'E_in':>5} {'E_out':>5} {'tied':>5} {'vocab':>8} "
           f"{'PT':>9} {'FT':>9} {'paper PT':>9} {'paper FT':>9}")
     for name, config in CONFIGS.items():

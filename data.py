@@ -116,10 +116,11 @@ def count_lines(path):
 
 
 def line_counts(paths):
-    """{path: non-blank lines}. The counts are kept in an index file beside the files (.rembert-index.json,
-    by name, size and modification time), so a corpus is read in full once, not at every start and not in
-    every process of a job (pretrain.py counts in one process first). New files are counted in parallel."""
-    counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, mtime, lines]}
+    """{path: non-blank lines}. The counts are kept in an index file beside the files (.rembert-index.json, by
+    name, size and change time: an edit always changes the last, even one that restores the modification time),
+    so a corpus is read in full once, not at every start and not in every process of a job (pretrain.py counts
+    in one process first). New files are counted in parallel."""
+    counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, ctime, lines]}
     for path in paths:
         directory, name = os.path.split(os.path.abspath(path))
         if directory not in indexes:
@@ -131,11 +132,11 @@ def line_counts(paths):
             if not isinstance(indexes[directory], dict):  # damaged: counted again
                 indexes[directory] = {}
         stat, entry = os.stat(path), indexes[directory].get(name)
-        if (isinstance(entry, list) and len(entry) == 3 and entry[:2] == [stat.st_size, stat.st_mtime_ns]
+        if (isinstance(entry, list) and len(entry) == 3 and entry[:2] == [stat.st_size, stat.st_ctime_ns]
                 and type(entry[2]) is int and entry[2] > 0):
             counts[path] = indexes[directory][name][2]
         else:
-            todo.append((directory, path, [stat.st_size, stat.st_mtime_ns]))
+            todo.append((directory, path, [stat.st_size, stat.st_ctime_ns]))
     if len(todo) > 1:
         with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
             found = list(pool.map(count_lines, [path for _, path, _ in todo]))
@@ -164,9 +165,9 @@ def write_json(path, obj):
 
 
 def read_chunk(path, start, stop):
-    """The lines of a file that start in bytes [start, stop), as documents (lists of lines, as bytes; split
-    at blank lines; a document crossing `start` or `stop` is cut there). Every line belongs to exactly one range
-    of a partition of [0, size), so byte ranges shard a file with no line lost or repeated."""
+    """The lines of a file that start in bytes [start, stop), as documents (lists of lines, split at blank
+    lines; a document crossing `start` or `stop` is cut there). Every line belongs to exactly one range of a
+    partition of [0, size), so byte ranges shard a file with no line lost or repeated."""
     with open(path, "rb") as f:
         if start > 0:
             f.seek(start - 1)
@@ -177,10 +178,13 @@ def read_chunk(path, start, stop):
         raw = f.read(stop - begin)
         if not raw.endswith(b"\n"):
             raw += f.readline()  # the last line started before `stop`: it is ours, whole
-    if begin == 0:
-        raw = raw.removeprefix(b"\xef\xbb\xbf")  # a UTF-8 byte order mark
-    blocks = re.split(rb"\n[ \t\r\f\v]*\n[ \t\r\f\v\n]*", b"\n" + raw)  # at runs of blank lines
-    return [block.strip().split(b"\n") for block in blocks if block.strip()]
+    try:  # count_lines checked the file when it was counted; it may have changed since
+        text = raw.decode("utf-8").removeprefix("\ufeff" if begin == 0 else "")  # a byte order mark
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: byte {begin + e.start}: not UTF-8 (changed since its lines were counted?)") from None
+    blocks = re.split(r"\n[ \t\r\f\v]*\n[ \t\r\f\v\n]*", "\n" + text)  # at runs of blank lines
+    blocks = [block.strip(" \t\n\r\f\v") for block in blocks]  # ASCII blanks, as count_lines counts them
+    return [block.split("\n") for block in blocks if block]
 
 
 def sampling_probabilities(counts, alpha):
@@ -439,7 +443,7 @@ class _Stream:
                 return None
             key = (lang, int(st["borrow"]), int(st["pass"]), int(st["chunk"]), int(st["doc"]), int(st["line"]))
             if self.line_key != key:
-                self.line_ids, self.line_key = self.tokenizer.encode(docs[st["doc"]][st["line"]].decode("utf-8")), key
+                self.line_ids, self.line_key = self.tokenizer.encode(docs[st["doc"]][st["line"]]), key
                 st["any"] = st["any"] or len(self.line_ids) > 0
             if st["token"] < len(self.line_ids):
                 piece = self.line_ids[st["token"]:st["token"] + n]

@@ -32,6 +32,7 @@ import re
 import string
 import sys
 import unicodedata
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -468,7 +469,12 @@ def main(argv=None):
         import torch_xla
     device = torch_xla.device() if kind == "xla" else torch.device(kind)
     tokenizer = data.tokenizer_for(cfg.checkpoint, cfg.tokenizer)
-    model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
+    with warnings.catch_warnings():  # a directory without a masked-LM head: the probe needs none, Table 8 a trained one
+        warnings.filterwarnings("error" if command == "mlm-accuracy" else "ignore", ".*no masked-LM head")
+        try:
+            model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
+        except UserWarning as e:
+            raise DataError(f"{e}: there is no masked-LM accuracy to measure") from None
     length = cfg.seq_len if command == "mlm-accuracy" else cfg.max_len
     if tokenizer.vocab_size > model.config.vocab_size or length > model.config.max_position_embeddings:
         raise DataError(f"{tokenizer.model_file} ({tokenizer.vocab_size} pieces) or the length {length} does not fit "
@@ -486,9 +492,12 @@ def main(argv=None):
     print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
           f"{cfg.target}; translation vector fitted on {len(source) // 2}, "
           f"retrieval among the other {len(source) - len(source) // 2}", file=sys.stderr)
-    accuracies = translation_probe(encoder, [tokenizer.encode(t) for t in source],
-                                   [tokenizer.encode(t) for t in target], tokenizer.cls_id, tokenizer.sep_id,
-                                   tokenizer.pad_id, cfg.max_len, cfg.batch_size, cfg.seed, device)
+    ids = [[tokenizer.encode(t) for t in side] for side in (source, target)]
+    for path, texts, side in zip((cfg.source, cfg.target), (source, target), ids):
+        if not all(side):
+            raise DataError(f"{path}: the sentence {texts[side.index([])]!r} has no pieces in {tokenizer.model_file}")
+    accuracies = translation_probe(encoder, *ids, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, cfg.max_len,
+                                   cfg.batch_size, cfg.seed, device)
     print("layer  accuracy")
     for layer, value in enumerate(accuracies):
         print(f"{layer:>5}  {value:8.2f}")

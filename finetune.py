@@ -52,8 +52,8 @@ from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least,
                      parse_command_line, run_script)
 from model import (DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier, load_checkpoint,
                    save_hf)
-from pretrain import (build_optimizer, launch, lr_at, remove_partial_saves, restore_training_state, setup_runtime,
-                      weights_are_sound)
+from pretrain import (build_optimizer, launch, lock_out_dir, lr_at, remove_partial_saves, restore_training_state,
+                      setup_runtime, weights_are_sound)
 
 
 @dataclass(frozen=True)
@@ -603,11 +603,17 @@ def check_out_dir(cfg, runtime, log):
     for key in ("init", "tokenizer", "train"):  # a file however it is spelled: relative, absolute, via a link
         ours[key] = ours[key] and os.path.realpath(ours[key])
     ours["eval"] = [re.sub(r"[^=]+$", lambda m: os.path.realpath(m.group()), spec) for spec in cfg.eval]
+    # And what they hold: a file changed at the same path would make a resumed run another run.
+    files = [ours["init"], ours["tokenizer"], ours["train"], *(spec.split("=", 1)[-1] for spec in ours["eval"])]
+    read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model")  # of an --init dir
+    files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
+    ours["sha256"] = {f: data.sha256(f) for f in files if os.path.isfile(f)}
+    if runtime.is_main:
+        lock_out_dir(cfg.out_dir)
     runs = [path for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")
             for path in glob.glob(os.path.join(cfg.out_dir, name))]
     if not runs:
         if runtime.is_main:
-            os.makedirs(cfg.out_dir, exist_ok=True)
             data.write_json(path, ours)
         return
     if not cfg.resume:
@@ -618,7 +624,9 @@ def check_out_dir(cfg, runtime, log):
                         f"damaged); choose another --out-dir")
     theirs = evaluate.read_json(path)
     differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
-              for k, v in ours.items() if theirs.get(k) != v]
+              for k, v in ours.items() if k != "sha256" and theirs.get(k) != v]
+    differ = differ or [f"{f}: changed since then" for f, digest in ours["sha256"].items()
+                        if (theirs.get("sha256") or {}).get(f) != digest]
     if differ:
         raise DataError(f"{cfg.out_dir} holds runs made with other settings ({'; '.join(differ)}); "
                         f"resume with the same ones, or choose another --out-dir")

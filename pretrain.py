@@ -31,6 +31,7 @@ holds a bad step.
 import argparse
 import contextlib
 import dataclasses
+import fcntl
 import glob
 import itertools
 import math
@@ -38,6 +39,7 @@ import os
 import pickle
 import re
 import time
+import warnings
 from dataclasses import asdict, dataclass
 
 import torch
@@ -330,6 +332,25 @@ def restore_training_state(runtime, state, path, model, optimizer):
     runtime.set_rng_state(state["rng"][runtime.rank])
 
 
+_LOCKS = {}  # out-dir -> a descriptor of it, locked until this process ends
+
+
+def lock_out_dir(out_dir):
+    """Claim out_dir for this process (the main one of a job): a second run writing there at the same
+    time would delete this one's checkpoints, so it stops at once instead."""
+    path = os.path.realpath(out_dir)
+    if path not in _LOCKS:
+        os.makedirs(path, exist_ok=True)
+        _LOCKS[path] = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(_LOCKS[path], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(_LOCKS.pop(path))
+            raise DataError(f"{out_dir} is in use by another run; wait for it to end, or choose another --out-dir")
+        except OSError as e:  # a file system without locks
+            warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
+
+
 def remove_partial_saves(pattern, log):
     """Delete the temporary files of saves that a crash interrupted (never read: every reader skips them)."""
     for path in glob.glob(pattern):
@@ -386,6 +407,8 @@ def train(model_config, cfg):
     runtime = setup_runtime(cfg.device)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
+    if runtime.is_main:
+        lock_out_dir(cfg.out_dir)
     # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
     if resumed and "tokenizer" in resumed[1] and not os.path.exists(cfg.tokenizer):

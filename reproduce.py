@@ -264,8 +264,8 @@ def main(argv=None):
     if not isinstance(stored, dict) or stored.get("setup") != setup or not isinstance(stored.get("results"), dict):
         raise DataError(f"{results_path} holds results of another preset or other data; choose another --out-dir")
     results = stored["results"]
-    data.write_json(setup_path, setup)
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
+    data.write_json(setup_path, setup)  # after split_corpus checked --data
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"))

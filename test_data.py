@@ -5,6 +5,7 @@ and line; CRLF and a byte order mark are read alike)."""
 
 import itertools
 import json
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -262,7 +263,7 @@ def test_documents_by_byte_range_partition_a_file(tmp_path):
     for parts in (1, 3, 7, 50):
         bounds = [size * k // parts for k in range(parts + 1)]
         docs = [doc for a, b in zip(bounds, bounds[1:]) for doc in data.read_chunk(str(path), a, b)]
-        assert [line.decode().strip() for doc in docs for line in doc] == [f"Satz {i}" for i in range(100)]
+        assert [line.strip() for doc in docs for line in doc] == [f"Satz {i}" for i in range(100)]
         if parts == 1:
             assert [len(doc) for doc in docs] == [4] * 25
     assert data.line_counts([str(path)]) == {str(path): 100}
@@ -345,6 +346,19 @@ def test_lines_are_counted_once_and_kept_beside_the_corpus(tmp_path, monkeypatch
     read_only.chmod(0o755)
 
 
+def test_a_corpus_file_changed_after_counting_is_named_not_decoded_wrongly(tokenizer, tmp_path):
+    corpus = tmp_path / "en.txt"
+    corpus.write_bytes(b"first line\nsecond line\n")
+    assert data.line_counts([str(corpus)]) == {str(corpus): 2}
+    stat = corpus.stat()
+    corpus.write_bytes(b"first line\nsecond\xffline\n")  # the same size, and (as `cp -p` leaves it) the same mtime
+    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(data.DataError, match=r"en.txt:2: not UTF-8"):  # counted again: the index is not trusted
+        data.MLMLoader(str(corpus), tokenizer)
+    with pytest.raises(data.DataError, match=r"en.txt: byte 17: not UTF-8"):  # what a running loader reads
+        data.read_chunk(str(corpus), 0, stat.st_size)
+
+
 def test_bad_corpus_files_are_named(tokenizer, tmp_path):
     good = tmp_path / "en.txt"
     good.write_text("a line\n")
@@ -369,7 +383,7 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
 def test_a_damaged_line_index_is_counted_again(tmp_path):
     corpus = tmp_path / "en.txt"
     corpus.write_text("one\ntwo\n\nthree\n")
-    key = [corpus.stat().st_size, corpus.stat().st_mtime_ns]
+    key = [corpus.stat().st_size, corpus.stat().st_ctime_ns]
     for index in ([1], {"en.txt": 5}, {"en.txt": key}, {"en.txt": key + [0]}, {"en.txt": key + [-5]},
                   {"en.txt": key + [1.5]}, {"en.txt": key + ["x"]}):
         (tmp_path / data.INDEX).write_text(json.dumps(index))

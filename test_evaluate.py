@@ -652,6 +652,23 @@ def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path)
     assert f"{other.model_file} is not the tokenizer {tmp_path / 'ckpt.pt'} was trained with" in out.stderr
 
 
+def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(tmp_path):
+    import shutil
+    import data
+    from model import Encoder, save_hf
+    spm = data.train_tokenizer(str(REPO / "sample_data"), 500, str(tmp_path / "spm"))
+    save_hf(Encoder(tiny_config(vocab_size=500)), tmp_path / "encoder")  # as a fine-tuned or released model
+    shutil.copy(spm, tmp_path / "encoder" / "sentencepiece.model")
+    with pytest.raises(DataError, match="encoder has no masked-LM head.*no masked-LM accuracy to measure"):
+        evaluate.main(["mlm-accuracy", "--checkpoint", str(tmp_path / "encoder"), "--data",
+                       str(REPO / "sample_data" / "en.txt"), "--device", "cpu"])
+    source = write(tmp_path / "en.txt", "one\ntwo\nthree\nfour\n")
+    target = write(tmp_path / "de.txt", "eins\nzwei\n\u200b\nvier\n")  # a zero-width space: no piece at all
+    with pytest.raises(DataError, match=r"de.txt: the sentence '\\u200b' has no pieces in"):
+        evaluate.main(["translation-probe", "--checkpoint", str(tmp_path / "encoder"), "--source", str(source),
+                       "--target", str(target), "--max-len", "32", "--device", "cpu"])
+
+
 def test_read_parallel(tmp_path):
     source, target = DATA / "xquad" / "xquad.en.json", DATA / "xquad" / "xquad.de.json"
     if not source.exists():

@@ -5,7 +5,9 @@ per-language table and results.json (one row per language, also from XNLI 1.0's 
 are refused by name; the saved model predicts with `finetune.py predict`, and `evaluate.py score`
 reproduces the table."""
 
+import fcntl
 import json
+import os
 import subprocess
 import sys
 import re
@@ -190,6 +192,17 @@ def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp
         run(*args[:-len(SMALL_ARGS) - 2], "--out-dir", tmp_path / "results", *SMALL_ARGS)
 
 
+def test_an_out_dir_in_use_by_another_run_is_refused(files, tmp_path):
+    root, spm = files
+    held = os.open(tmp_path, os.O_RDONLY)  # as another finetune.py holds it while it runs
+    fcntl.flock(held, fcntl.LOCK_EX)
+    with pytest.raises(DataError, match="is in use by another run"):
+        run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS)
+    assert not list(tmp_path.iterdir())
+    os.close(held)
+
+
 def test_a_tokenizer_other_than_the_encoders_is_refused(files, hf_dir, tmp_path):
     root, _ = files
     other = data.train_tokenizer([str(root / "corpus.txt")], VOCAB - 100, str(tmp_path / "other"))
@@ -254,6 +267,27 @@ def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch,
     assert "finished before" in capsys.readouterr().out
     results = [json.loads((tmp_path / d / "results.json").read_text())["results"] for d in ("whole", "crashed")]
     assert results[0] == results[1]
+
+
+def test_resume_refuses_files_changed_at_the_same_path(files, hf_dir, tmp_path):
+    root, _ = files
+    train, evaluation = tmp_path / "train-en.tsv", tmp_path / "dev-de.tsv"
+    train.write_text("\n".join(PAIRS) + "\n")
+    evaluation.write_text("\n".join(PAIRS) + "\n")
+    init = tmp_path / "init"
+    init.mkdir()
+    for name in ("config.json", "model.safetensors", "sentencepiece.model"):
+        (init / name).write_bytes((hf_dir / name).read_bytes())
+    args = ["--task", "xnli", "--init", init, "--train", train, "--eval", evaluation, "--out-dir", tmp_path / "run",
+            *SMALL_ARGS]
+    run(*args)
+    run(*args, "--resume")  # nothing changed: the finished run's scores are reused
+    for changed in (evaluation, train, init / "model.safetensors"):
+        original = changed.read_bytes()
+        changed.write_bytes(original.replace(b"cat", b"cow") if changed.suffix == ".tsv" else original[:-1] + b"!")
+        with pytest.raises(DataError, match=f"{re.escape(str(changed))}: changed since then"):
+            run(*args, "--resume")
+        changed.write_bytes(original)
 
 
 def test_defaults_are_table_10_and_table_15_for_rembert():

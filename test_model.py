@@ -410,3 +410,12 @@ def test_every_paper_config_is_within_two_percent_of_the_paper():
     eout = [parameter_counts(n) for n in ("eout128", "ein128-eout768", "eout3072", "extra-layers-11")]
     assert len({c["finetuning"] for c in eout}) == 1
     assert eout[0]["pretraining"] < eout[1]["pretraining"] < eout[2]["pretraining"]
+
+
+def test_the_parameter_table_takes_no_flags(capsys):
+    import configs
+    with pytest.raises(SystemExit) as exit:
+        configs.main(["--config", "rembert"])  # a flag the table does not have is named, not ignored
+    assert exit.value.code == 2 and "unrecognized arguments: --config rembert" in capsys.readouterr().err
+    configs.main([])
+    assert "rembert" in capsys.readouterr().out

@@ -2,6 +2,7 @@
 model, the NaN guards, crash-safe and verified checkpoints, exact resume after SIGKILL, DDP on 2 CPU
 processes and the XLA path."""
 
+import fcntl
 import os
 import random
 import signal
@@ -246,6 +247,16 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_is_used(tokeniz
         Path(path).write_bytes(b"not a checkpoint")
     with pytest.raises(DataError, match="no intact checkpoint to resume from"):
         run(tokenizer, tmp_path / "run", "--steps", "8", "--checkpoint-every", "2", "--resume")
+
+
+def test_a_second_run_on_an_out_dir_in_use_stops_at_once(tokenizer, tmp_path):
+    held = os.open(tmp_path, os.O_RDONLY)  # as another pretrain.py or finetune.py holds it while it runs
+    fcntl.flock(held, fcntl.LOCK_EX)
+    with pytest.raises(DataError, match="is in use by another run"):
+        run(tokenizer, tmp_path, "--steps", "2")
+    assert not pretrain.checkpoint_paths(tmp_path)
+    os.close(held)
+    run(tokenizer, tmp_path, "--steps", "2")  # free again
 
 
 def test_checkpoint_from_another_config_is_refused(tokenizer, tmp_path):

@@ -40,7 +40,9 @@ def test_a_damaged_setup_and_a_bad_flag_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "other").mkdir()  # results of another preset, with no setup.json beside them
     (tmp_path / "other" / "results.json").write_text(json.dumps({"setup": {"preset": {}}, "results": {}}))
     for flags, message in ((["--out-dir", str(tmp_path)], "setup.json: empty file"), (["--seeds", "-1"], "--seeds"),
-                           (["--out-dir", str(tmp_path / "other")], "results.json holds results of another preset")):
+                           (["--out-dir", str(tmp_path / "other")], "results.json holds results of another preset"),
+                           (["--out-dir", str(tmp_path / "new"), "--data", str(tmp_path / "none")], "no *.txt files")):
         out = subprocess.run([sys.executable, "reproduce.py", "--quick", *flags], cwd=REPO, capture_output=True,
                              text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+    assert not (tmp_path / "new" / "setup.json").exists()  # the wrong --data did not claim the directory
