@@ -2,11 +2,9 @@
 and the readers of the XTREME task files (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7; the
 pre-training input as mBERT's, after google-research/bert's create_pretraining_data.py).
 
-Tokenizer (Appendix A.3: SentencePiece, unigram language model). train_tokenizer() samples the training
-text per language with p_l ∝ n_l^alpha (as pre-training does), so small languages get pieces; pieces 0-4
-are [PAD] [UNK] [CLS] [SEP] [MASK], and a character without a piece falls back to its UTF-8 bytes, so
-every character has pieces of its own. Tokenizer(model_file) takes any SentencePiece model (the released
-RemBERT one too); encode_with_offsets() maps pieces to characters of the ORIGINAL text.
+Tokenizer (Appendix A.3: SentencePiece, unigram language model): train_tokenizer() samples languages as
+pre-training does and falls back to UTF-8 bytes; Tokenizer(model_file) takes any SentencePiece model (the
+released RemBERT one too); encode_with_offsets() maps pieces to characters of the ORIGINAL text.
 
 Masked-LM stream: MLMLoader yields batches forever (input_ids, token_type_ids, attention_mask (B, T);
 masked_positions, masked_ids, masked_weights (B, P)), with an exact state_dict() / load_state_dict().
@@ -79,13 +77,15 @@ def corpus_files(data):
             if not found:
                 raise DataError(f"{path}: no *.txt files in this directory")
             for p in found:
+                if os.path.basename(p).startswith("."):
+                    raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")
                 langs.setdefault(os.path.basename(p).split(".")[0], []).append(p)
     for path in (p for paths in langs.values() for p in paths):
         if path.endswith((".gz", ".bz2", ".xz", ".zst")):
             raise DataError(f"{path}: a compressed file, which a stream cannot seek into for its share; "
                             f"decompress it first")
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file")
+            raise FileNotFoundError(f"{path}: no such file" + " (a directory)" * os.path.isdir(path))
     if not langs:
         raise DataError("no input files")
     return langs
@@ -97,7 +97,7 @@ def count_lines(path):
     lines = blank = size = 0
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
-            chunk += f.readline()  # whole lines only
+            chunk = (chunk + f.readline()).removeprefix(b"\xef\xbb\xbf" * (size == 0))  # whole lines; no BOM
             try:
                 chunk.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -117,19 +117,16 @@ def count_lines(path):
 
 def line_counts(paths):
     """{path: non-blank lines}. The counts are kept in an index file beside the files (.rembert-index.json, by
-    name, size and change time: an edit always changes the last, even one that restores the modification time),
-    so a corpus is read in full once, not at every start and not in every process of a job (pretrain.py counts
-    in one process first). New files are counted in parallel."""
+    name, size and change time, which every edit sets), so a corpus is read in full once, not at every start and
+    not in every process of a job (pretrain.py counts in one process first). New files are counted in parallel."""
     counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, ctime, lines]}
     for path in paths:
         directory, name = os.path.split(os.path.abspath(path))
         if directory not in indexes:
             try:
                 with open(os.path.join(directory, INDEX)) as f:
-                    indexes[directory] = json.load(f)
-            except (OSError, ValueError):
-                indexes[directory] = {}
-            if not isinstance(indexes[directory], dict):  # damaged: counted again
+                    indexes[directory] = dict(json.load(f))
+            except (OSError, ValueError, TypeError):  # missing, or damaged: counted again
                 indexes[directory] = {}
         stat, entry = os.stat(path), indexes[directory].get(name)
         if (isinstance(entry, list) and len(entry) == 3 and entry[:2] == [stat.st_size, stat.st_ctime_ns]
@@ -137,11 +134,8 @@ def line_counts(paths):
             counts[path] = indexes[directory][name][2]
         else:
             todo.append((directory, path, [stat.st_size, stat.st_ctime_ns]))
-    if len(todo) > 1:
-        with ProcessPoolExecutor(min(len(todo), os.cpu_count() or 1)) as pool:
-            found = list(pool.map(count_lines, [path for _, path, _ in todo]))
-    else:
-        found = [count_lines(path) for _, path, _ in todo]
+    with ProcessPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:  # (no process when none to do)
+        found = list(pool.map(count_lines, [path for _, path, _ in todo]))
     for (directory, path, key), n in zip(todo, found):
         counts[path] = n
         indexes[directory][os.path.basename(path)] = key + [n]
@@ -226,17 +220,15 @@ class Tokenizer:
                             or self.sp.is_byte(i) for i in range(self.vocab_size)])
         special[[self.pad_id, self.cls_id, self.sep_id, self.mask_id]] = True
         self.normal_ids = np.flatnonzero(~special)  # what a "random token" of the 80/10/10 rule may be
-        self._blank = {}
 
     def encode(self, text):
         return self.sp.encode(text)
 
+    @functools.lru_cache(maxsize=1 << 16)
     def is_blank(self, char):
         """Whether SentencePiece reads `char` as nothing or as a space: whitespace, but also U+200B, U+200E,
         U+FEFF and the like, which its normalization turns into blanks."""
-        if char not in self._blank:
-            self._blank[char] = char.isspace() or not self.sp.normalize(char)
-        return self._blank[char]
+        return char.isspace() or not self.sp.normalize(char)
 
     def encode_with_offsets(self, text):
         """(ids, [(start, end)]): each piece's characters in `text` itself, found through SentencePiece's
@@ -298,6 +290,8 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     total = min(max_sentences, sum(counts.values()))
     rng = random.Random(seed)
     chars = collections.Counter()
+    # SentencePiece skips lines over max_sentence_length bytes without a word: long ones go in parts.
+    cut = lambda line: "\n".join(line[i:i + 8192] for i in range(0, len(line), 8192)) + "\n"  # noqa: E731
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         sample = os.path.join(tmp, "sample.txt")
@@ -310,14 +304,14 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
                         for line in (line.strip() for line in f):
                             if not line:
                                 continue
-                            out.write((line + "\n") * repeats)
+                            out.write(cut(line) * repeats)
                             chars.update(line * repeats)
                             seen += 1
                             if len(reservoir) < rest:
                                 reservoir.append(line)
                             elif (j := rng.randrange(seen)) < rest:
                                 reservoir[j] = line
-                out.writelines(line + "\n" for line in reservoir)
+                out.writelines(map(cut, reservoir))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
         if room < 1:
@@ -334,8 +328,8 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
                 pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
                 control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
                 input_sentence_size=0, max_sentence_length=1 << 16, num_threads=os.cpu_count() or 1, minloglevel=2)
-        except RuntimeError as e:  # e.g. every line longer than max_sentence_length, or blank to SentencePiece
-            raise DataError(f"{files}: SentencePiece found no text to train a tokenizer on ({e})") from None
+        except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
+            raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
     return f"{model_prefix}.model"
 
 
@@ -496,7 +490,10 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
 
     def __iter__(self):
         p = torch.utils.data.get_worker_info().id
-        return _worker_batches(self.corpus, self.tokenizer, self.settings, self.workers[p], self.states[p])
+        try:
+            yield from _worker_batches(self.corpus, self.tokenizer, self.settings, self.workers[p], self.states[p])
+        except (DataError, OSError) as e:  # as it is: DataLoader would wrap it in the worker's traceback
+            yield e, None, None
 
 
 class MLMLoader:
@@ -556,16 +553,15 @@ class MLMLoader:
         else:
             # A generator of its own: DataLoader seeds its workers from it (they draw nothing), and torch's
             # global one, dropout's, stays untouched, so a resumed run draws the masks the uninterrupted one does.
+            # collate_fn=tuple passes each (batch, state, worker) on as the worker made it.
             source = iter(torch.utils.data.DataLoader(
                 _WorkerStreams(self.corpus, self.tokenizer, self.settings, logical, states), batch_size=None,
-                num_workers=self.num_workers, collate_fn=_identity, generator=torch.Generator()))
+                num_workers=self.num_workers, collate_fn=tuple, generator=torch.Generator()))
         for batch, worker_state, w in source:
+            if isinstance(batch, Exception):
+                raise batch
             st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n
             yield batch
-
-
-def _identity(item):
-    return item
 
 
 # ----------------------------------------------------------------------------------------------
@@ -608,7 +604,10 @@ def read_text(path):
         raise DataError(f"{path}:{raw.count(NEWLINE, 0, e.start) + 1}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
     if not text.strip():
         raise DataError(f"{path}: empty file")
-    return text.removeprefix("\ufeff").replace("\r\n", "\n")
+    text = text.removeprefix("\ufeff").replace("\r\n", "\n")
+    if (cr := text.find("\r")) >= 0:  # old Mac line endings: the whole file would be one line
+        raise DataError(f"{path}:{text.count(chr(10), 0, cr) + 1}: a carriage return without a line feed")
+    return text
 
 
 def check_label(label, labels, source):
@@ -675,7 +674,7 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
     width = 2 if labelled or any("\t" in line for line in lines) else 1  # a label on any line: on every line
     sentences, current = [], []
     for number, line in enumerate(lines, 1):
-        if not line.strip():
+        if not line.strip(" \t"):  # (a token may be U+00A0 or U+3000, which str.strip() would remove)
             if current:
                 sentences.append(current)
                 current = []
@@ -705,7 +704,7 @@ def read_squad(path, check_answers=True):
     question id once, and (check_answers) every answer found at its answer_start in the context."""
     try:
         articles = json.loads(read_text(path))["data"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
         raise DataError(f"{path}: not SQuAD-format JSON (a top-level \"data\" list) ({e})") from None
     _expect(isinstance(articles, list), f'{path}: "data"', "list of articles")
     examples, seen = [], set()

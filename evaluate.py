@@ -232,8 +232,7 @@ def print_table(title, table, log):
 
 def read_labels(path, task):
     """One label per line (a last line without its newline counts)."""
-    labels = data.read_text(path).split("\n")
-    labels = labels[:-1] if labels[-1] == "" else labels
+    labels = data.read_text(path).removesuffix("\n").split("\n")
     for line, label in enumerate(labels, 1):
         data.check_label(label, CLASSIFICATION_LABELS[task], f"{path}:{line}")
     return labels
@@ -251,6 +250,8 @@ def read_json(path):
         return json.loads(data.read_text(path), object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested deeper than Python reads") from None
 
 
 def task_scores(task, examples, predictions, lang=None):
@@ -429,7 +430,8 @@ class MLMAccuracyConfig:
     checkpoint: str = flag("", "a pretrain.py checkpoint or a Hugging Face RemBERT dir", GIVEN)
     data: str = flag("", "held-out text: a file or a directory of *.txt (as pretrain.py)", GIVEN)
     tokenizer: str = flag("", "SentencePiece model (default: the checkpoint's)")
-    batches: int = flag(50, "batches of the masked-LM stream to score", POSITIVE)
+    batches: int = flag(50, "batches of the masked-LM stream to score: drawn as pre-training draws them (languages "
+                            "by p ∝ n^0.5; text that runs out is read again, masked anew)", POSITIVE)
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
     max_predictions: int = flag(20, "masked positions per sequence", POSITIVE)
     batch_size: int = flag(32, "sequences per batch", POSITIVE)

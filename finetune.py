@@ -127,11 +127,13 @@ class FinetuneConfig:
                              f"({', '.join(CONFIGS)})")
         if self.config and not self.tokenizer:
             raise ValueError("--config (random weights) needs --tokenizer")
-        for name, values in (("lr", [f"{lr:g}" for lr in self.lr]), ("seeds", self.seeds)):
+        for name, values in (("lr", self.lr), ("seeds", self.seeds)):
             if len(set(values)) < len(values):  # two runs would share one directory, lr-RATE/seed-N
                 raise ValueError(f"--{name} repeats a value ({' '.join(map(str, values))})")
 
 
+# What features and decoding read, saved with each model for `predict`.
+SETTINGS = ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")
 # What a fine-tuned model does not depend on: an out-dir may be resumed when everything else is the same.
 NOT_TRAINING = {"out_dir", "device", "eval_batch_size", "log_every", "checkpoint_every", "resume", "lr", "seeds"}
 
@@ -357,8 +359,7 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     files' digests, written last: a directory with it is complete)."""
     save_hf(model, path)
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
-    info = {k: getattr(cfg, k) for k in ("task", "seq_len", "doc_stride", "max_query_length", "max_answer_length",
-                                         "n_best")}
+    info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
     info["sha256"] = {name: data.sha256(os.path.join(path, name))
                       for name in ("model.safetensors", "sentencepiece.model")}
     data.write_json(os.path.join(path, "finetune.json"), info)
@@ -371,15 +372,22 @@ def load_finetuned(path):
         with open(os.path.join(path, "finetune.json")) as f:
             info = json.load(f)
         task, digests = TASKS[info["task"]], dict(info["sha256"])
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        if not all(type(info[k]) is int and info[k] > 0 for k in SETTINGS):
+            raise ValueError(f"{', '.join(SETTINGS)} must be positive integers")
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e!r})") from None
     for name, digest in digests.items():
         if data.sha256(os.path.join(path, name)) != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 differs from the one saved with it)")
     model = build_model(task, Encoder.from_hf(path), dropout=0.0)
+    if info["seq_len"] > model.encoder.config.max_position_embeddings:
+        raise DataError(f"{path}/finetune.json: seq_len {info['seq_len']} exceeds the model's positions")
     head = "qa_outputs" if task.kind == "qa" else "classifier"
     state = load_file(os.path.join(path, "model.safetensors"))
-    getattr(model, head).load_state_dict({p: state[f"{head}.{p}"] for p in ("weight", "bias")})
+    try:
+        getattr(model, head).load_state_dict({p: state[f"{head}.{p}"] for p in ("weight", "bias")})
+    except (KeyError, RuntimeError) as e:  # finetune.json names another task than the weights were trained for
+        raise DataError(f"{path}: no {info['task']} head in model.safetensors ({type(e).__name__}: {e})") from None
     return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
 
 
@@ -437,8 +445,11 @@ def eval_sets(cfg, task, held_out):
     """{language: examples} of the --eval files, without what --train-fraction trained on."""
     sets = {}
     for spec in cfg.eval:
-        for lang, examples in by_language(read_examples(task, spec.split("=", 1)[-1]), spec).items():
-            if lang in sets:
+        path = spec.split("=", 1)[-1]
+        if cfg.train_fraction == 1 and os.path.realpath(path) == os.path.realpath(cfg.train):
+            raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
+        for lang, examples in by_language(read_examples(task, path), spec).items():
+            if lang in sets or lang == "average":  # (the table's last row)
                 raise DataError(f"--eval: two sets for {lang!r}; name them LANG=FILE")
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]
             if not sets[lang]:
@@ -649,8 +660,7 @@ def run(cfg):
         raise DataError(f"--seq-len {cfg.seq_len} exceeds the encoder's {base.config.max_position_embeddings} "
                         f"positions")
     log(f"finetune config: {asdict(cfg)}")
-    settings = {k: getattr(cfg, k)
-                for k in ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")}
+    settings = {k: getattr(cfg, k) for k in SETTINGS}
     # --tokenizer, or the one saved with --init (the same, when both are there)
     tokenizer = data.tokenizer_for(cfg.init, cfg.tokenizer) if cfg.init else data.Tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > base.config.vocab_size:
@@ -672,7 +682,7 @@ def run(cfg):
     for lr in cfg.lr:
         sweep[lr] = {}
         for seed in cfg.seeds:
-            run_dir = os.path.join(cfg.out_dir, f"lr-{lr:g}", f"seed-{seed}")
+            run_dir = os.path.join(cfg.out_dir, f"lr-{lr!r}", f"seed-{seed}")  # the exact rate: 1e-3 is lr-0.001
             scores_path = os.path.join(run_dir, "scores.json")
             if os.path.exists(scores_path):  # only with --resume: check_out_dir saw to that
                 sweep[lr][seed] = evaluate.read_json(scores_path)
@@ -713,7 +723,7 @@ def run(cfg):
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")
         data.write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
-                          "per_lr": {f"{lr:g}": table for lr, table in tables.items()}})
+                          "per_lr": {repr(lr): table for lr, table in tables.items()}})
         log(f"wrote {path}")
     return tables[best]
 

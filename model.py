@@ -386,10 +386,10 @@ def _read_hf(path):
             hf = json.load(f)
         config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items()},
                              tie_embeddings=hf.get("tie_word_embeddings", False))
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, RecursionError) as e:  # (json.JSONDecodeError is a ValueError)
         raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
-    if hf.get("hidden_act", "gelu") != "gelu":
-        raise DataError(f"{path}/config.json: hidden_act {hf['hidden_act']!r} is not supported (only 'gelu')")
+    if hf.get("hidden_act", "gelu") != "gelu" or hf.get("is_decoder"):  # a decoder's attention is causal
+        raise DataError(f"{path}/config.json: supported are encoders (is_decoder false) with hidden_act 'gelu'")
     if hf.get("attention_probs_dropout_prob", config.dropout) != config.dropout:
         warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
     if os.path.exists(os.path.join(path, "model.safetensors")):

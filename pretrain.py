@@ -388,7 +388,7 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
 
 
 def ensure_tokenizer(cfg, model_config, runtime, log):
-    if not os.path.exists(cfg.tokenizer):
+    if not runtime.gather_object(os.path.exists(cfg.tokenizer))[0]:  # rank 0 decides: every process waits alike
         if runtime.is_main:
             log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {cfg.tokenizer}")
             train_tokenizer(cfg.data, model_config.vocab_size, cfg.tokenizer.removesuffix(".model"))
@@ -454,6 +454,9 @@ def train(model_config, cfg):
         loader.load_state_dict(checkpoint["loader"][runtime.rank])
         step = checkpoint["step"]
         log(f"resumed from {path} at step {step}")
+        if cfg.steps != checkpoint["train_config"].get("steps", cfg.steps):  # --steps may grow
+            log(f"--steps {cfg.steps}: the learning rate decays to 0 at step {cfg.steps} now, no longer at step "
+                f"{checkpoint['train_config']['steps']}")
     elif checkpoint_paths(cfg.out_dir):
         raise DataError(f"{cfg.out_dir} already holds checkpoints; pass --resume to continue that run, "
                         f"or choose another --out-dir")

@@ -215,9 +215,11 @@ def test_a_language_with_fewer_lines_than_streams_keeps_its_share(tokenizer, tmp
 def test_a_language_without_a_piece_of_text_is_named_not_waited_for(tokenizer, tmp_path):
     (tmp_path / "en.txt").write_text("the harbour town\n")
     (tmp_path / "xx.txt").write_text("\u00a0\n\u00a0\u00a0\n")  # lines of no-break spaces: no pieces at all
-    loader = data.MLMLoader(str(tmp_path), tokenizer, batch_size=1, seq_len=16, max_predictions=2)
-    with pytest.raises(data.DataError, match="xx.txt: no text the tokenizer makes pieces of"):
-        batches_of(loader, 200)
+    for workers in (0, 1):  # from a DataLoader worker as it is, not wrapped in the worker's traceback
+        loader = data.MLMLoader(str(tmp_path), tokenizer, batch_size=1, seq_len=16, max_predictions=2,
+                                num_workers=workers)
+        with pytest.raises(data.DataError, match="^[^\n]*xx.txt: no text the tokenizer makes pieces of$"):
+            batches_of(loader, 200)
 
 
 def letters(i):
@@ -378,6 +380,15 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(data.DataError, match=r"empty: no \*.txt files"):
         data.MLMLoader(str(tmp_path / "empty"), tokenizer)
+    (tmp_path / "empty" / "de.txt").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"de.txt: no such file \(a directory\)"):
+        data.MLMLoader(str(tmp_path / "empty"), tokenizer)
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / ".fr.txt").write_text("une ligne\n")  # no language before the first dot
+    with pytest.raises(data.DataError, match=r".fr.txt: a corpus file's language is its name up to the first dot"):
+        data.MLMLoader(str(tmp_path / "hidden"), tokenizer)
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf\nline\n")  # a byte order mark on a blank first line
+    assert data.count_lines(str(tmp_path / "bom.txt")) == 1
 
 
 def test_a_damaged_line_index_is_counted_again(tmp_path):
@@ -391,9 +402,18 @@ def test_a_damaged_line_index_is_counted_again(tmp_path):
 
 
 def test_a_corpus_sentencepiece_cannot_read_is_named(tmp_path):
-    (tmp_path / "en.txt").write_text("x" * 70_000 + "\n")  # one line, past max_sentence_length
-    with pytest.raises(data.DataError, match="en.txt.*SentencePiece found no text to train a tokenizer on"):
+    (tmp_path / "en.txt").write_text("\u200b\n\u200b\u200b\n")  # text to Python, blank after NFKC
+    with pytest.raises(data.DataError, match="en.txt.*SentencePiece could not train a tokenizer on it"):
         data.train_tokenizer(str(tmp_path / "en.txt"), 400, str(tmp_path / "spm"))
+
+
+def test_lines_longer_than_sentencepiece_reads_still_train_the_tokenizer(tmp_path):
+    # A document per line, past SentencePiece's 64 KiB: it would skip the line, and Greek get no pieces.
+    greek = ["Αν έχεις να πεις κάτι, πες το.", "Το σπίτι είναι μεγάλο και όμορφο."] * 2000
+    (tmp_path / "el.txt").write_text(" ".join(greek) + "\n")
+    (tmp_path / "en.txt").write_text("A short English line.\n" * 50)
+    tokenizer = data.Tokenizer(data.train_tokenizer(str(tmp_path), 400, str(tmp_path / "spm")))
+    assert not any(tokenizer.sp.is_byte(i) for i in tokenizer.encode("Αν έχεις να πεις κάτι"))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -465,6 +485,10 @@ def squad_with(**changes):
         {"id": "q", "question": "?", "answers": []}] * 2}]}]}), "squad", r"x.json: question 'q': this id is used twice"),
     # JSON's \ud83d escape alone (half of a cut-off emoji) is no character: no tokenizer can read it.
     ("x.json", squad_with(question="Where\ud83d?"), "squad", r"x.json: question 'q1': .* a lone UTF-16 surrogate"),
+    pytest.param("x.json", "[" * 100_000 + "]" * 100_000, "squad", r"x.json: not SQuAD-format JSON",
+                 id="JSON nested deeper than Python's recursion limit"),
+    # Old Mac line endings: the file would be one sentence of one token, "Anton\rWilhelm\r...".
+    ("dev-de.tsv", "Anton\rWilhelm\r\rBerlin\r", "tagging", r"dev-de.tsv:1: a carriage return without a line feed"),
 ])
 def test_task_input_errors_name_the_file_and_line(tmp_path, name, text, reader, message):
     path = tmp_path / name
@@ -477,6 +501,11 @@ def test_task_input_errors_name_the_file_and_line(tmp_path, name, text, reader, 
             "squad": lambda: data.read_squad(str(path))}[reader]
     with pytest.raises(data.DataError, match=message):
         read()
+
+
+def test_a_token_that_str_strip_removes_is_a_token_not_a_sentence_break(tmp_path):
+    (tmp_path / "t.tsv").write_text("Berlin\n\u00a0\nist\n\n\u3000\n")  # no-break space, ideographic space
+    assert [e.tokens for e in data.read_tagging(str(tmp_path / "t.tsv"))] == [["Berlin", "\u00a0", "ist"], ["\u3000"]]
 
 
 def test_crlf_and_a_byte_order_mark_are_read_alike(tmp_path):

@@ -498,6 +498,8 @@ def test_score_qa(tmp_path, capsys):
     assert "expected a JSON object {question id: answer text}" in score_error(
         capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1": ["a"]}'))
     assert "bad.json:1: invalid JSON" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1"'))
+    deep = write(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
+    assert "deep.json: JSON nested deeper than Python reads" in score_error(capsys, "xquad", gold, deep)
     no_answers = write(tmp_path / "g.json", json.dumps({"data": squad(("x", []))}))
     assert "question 'x' has no gold answer" in score_error(capsys, "xquad", no_answers, predictions)
     removed = write(tmp_path / "g.json", json.dumps({"data": squad(("x", [""]))}))  # a test file, answers removed

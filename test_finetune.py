@@ -52,6 +52,8 @@ def files(tmp_path_factory):
     (root / "pairs-en.tsv").write_text("\n".join(PAIRS) + "\n")
     (root / "tags-en.tsv").write_text(TAGGED)
     (root / "squad-en.json").write_text(json.dumps(SQUAD))
+    for name in ("pairs-en.tsv", "tags-en.tsv", "squad-en.json"):  # to evaluate on: --eval is never --train
+        (root / f"dev-{name}").write_text((root / name).read_text())
     text = [line.replace("\t", " ") for line in PAIRS] + [SQUAD["data"][0]["paragraphs"][0]["context"]]
     text += [qa["question"] for qa in SQUAD["data"][0]["paragraphs"][0]["qas"]]
     text += [" ".join(line.split("\t")[0] for line in TAGGED.split("\n") if line)]
@@ -85,7 +87,11 @@ def hf_dir(files, tmp_path_factory):
 
 
 def parse(*args):
-    return parse_command_line(finetune.__doc__, finetune.FinetuneConfig, [str(a) for a in args])[1]
+    """finetune.py's command line; a flag given again replaces the earlier one (the script refuses that)."""
+    args = [str(a) for a in args]
+    starts = [i for i, a in enumerate(args) if a.startswith("--")] + [len(args)]
+    flags = {args[i]: args[i:j] for i, j in zip(starts, starts[1:])}  # the last of each flag, in first order
+    return parse_command_line(finetune.__doc__, finetune.FinetuneConfig, [a for f in flags.values() for a in f])[1]
 
 
 def run(*args):
@@ -100,7 +106,7 @@ def run(*args):
 def test_hf_directory_finetunes_and_exports_to_transformers(task, train_file, head, files, hf_dir, tmp_path):
     transformers = pytest.importorskip("transformers")
     root, _ = files
-    table = run("--task", task, "--init", hf_dir, "--train", root / train_file, "--eval", root / train_file,
+    table = run("--task", task, "--init", hf_dir, "--train", root / train_file, "--eval", root / f"dev-{train_file}",
                 "--out-dir", tmp_path, *SMALL_ARGS)
     assert list(table) == ["en", "average"]
     ids = torch.randint(5, VOCAB, (2, 12))
@@ -123,13 +129,13 @@ def test_hf_directory_finetunes_and_exports_to_transformers(task, train_file, he
 
 def test_keep_layers_drops_the_last_layers(files, hf_dir, tmp_path):
     root, _ = files
-    run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
+    run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "dev-pairs-en.tsv",
         "--keep-layers", "1", "--out-dir", tmp_path, *SMALL_ARGS)
     model, _, _ = finetune.load_finetuned(tmp_path / "lr-0.001" / "seed-0")
     assert len(model.encoder.layers) == 1
     assert json.loads((tmp_path / "lr-0.001" / "seed-0" / "config.json").read_text())["num_hidden_layers"] == 1
     with pytest.raises(DataError, match="--keep-layers 3: the encoder has 2 layers"):
-        run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "pairs-en.tsv",
+        run("--task", "xnli", "--init", hf_dir, "--train", root / "pairs-en.tsv", "--eval", root / "dev-pairs-en.tsv",
             "--keep-layers", "3", "--out-dir", tmp_path / "three", *SMALL_ARGS)
 
 
@@ -144,6 +150,9 @@ def test_command_line_errors_are_clear(files, capsys):
     with pytest.raises(SystemExit):
         parse("--task", "xnli", "--config", "tiny", "--train", "x", "--eval", "y", "--keep-layer", "1")
     assert "did you mean --keep-layers?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse would keep the last: de.tsv would not be evaluated
+        parse_command_line(finetune.__doc__, finetune.FinetuneConfig, ["--eval", "de.tsv", "--eval=es.tsv"])
+    assert "--eval is given twice; give each flag once" in capsys.readouterr().err
     unnamed = root / "pairs.tsv"
     unnamed.write_text((root / "pairs-en.tsv").read_text())
     with pytest.raises(DataError, match="--eval .*pairs.tsv: cannot tell the language"):
@@ -167,7 +176,7 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
         finetune.FinetuneConfig(**settings, seeds=(0, -1))
     # Two runs of one directory (lr-0.001/seed-0): the second would reuse the first's scores.
     with pytest.raises(ValueError, match=r"--lr repeats a value \(0.001 0.001\)"):
-        finetune.FinetuneConfig(**settings, lr=[0.001, 0.0010000001])
+        finetune.FinetuneConfig(**settings, lr=[0.001, 0.001])
     with pytest.raises(ValueError, match=r"--seeds repeats a value \(0 0\)"):
         finetune.FinetuneConfig(**settings, seeds=[0, 0])
     with pytest.raises(ValueError, match="--output is in --model's directory"):
@@ -177,7 +186,7 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
 def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp_path):
     root, spm = files
     args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-            "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS]
+            "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS]
     with pytest.raises(DataError, match="fewer than one batch"):
         run(*args, "--batch-size", "64")
     run(*args)  # the same --out-dir, other settings, no --resume: nothing was trained there
@@ -198,7 +207,7 @@ def test_an_out_dir_in_use_by_another_run_is_refused(files, tmp_path):
     fcntl.flock(held, fcntl.LOCK_EX)
     with pytest.raises(DataError, match="is in use by another run"):
         run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-            "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS)
+            "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS)
     assert not list(tmp_path.iterdir())
     os.close(held)
 
@@ -208,7 +217,7 @@ def test_a_tokenizer_other_than_the_encoders_is_refused(files, hf_dir, tmp_path)
     other = data.train_tokenizer([str(root / "corpus.txt")], VOCAB - 100, str(tmp_path / "other"))
     with pytest.raises(DataError, match=r"other.model is not the tokenizer .* was trained with"):
         run("--task", "xnli", "--init", hf_dir, "--tokenizer", other, "--train", root / "pairs-en.tsv",
-            "--eval", root / "pairs-en.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
+            "--eval", root / "dev-pairs-en.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
 
 
 def test_files_without_labels_are_refused_by_file_and_line(files, tmp_path):
@@ -237,7 +246,7 @@ def test_a_bad_label_in_an_evaluation_file_fails_before_training(files, tmp_path
 def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch, capsys):
     root, spm = files
     args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-            "--eval", f"en={root / 'pairs-en.tsv'}", *SMALL_ARGS, "--epochs", "2", "--checkpoint-every", "2"]
+            "--eval", f"en={root / 'dev-pairs-en.tsv'}", *SMALL_ARGS, "--epochs", "2", "--checkpoint-every", "2"]
     run(*args, "--out-dir", tmp_path / "whole")
 
     def crash_at_step_3(step, *rest):  # after the state of step 2 was saved
@@ -290,6 +299,16 @@ def test_resume_refuses_files_changed_at_the_same_path(files, hf_dir, tmp_path):
         changed.write_bytes(original)
 
 
+def test_rates_that_print_alike_are_runs_of_their_own(files, tmp_path, capsys):
+    root, spm = files
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS]
+    run(*args)
+    run(*[a if a != "1e-3" else "0.0010000001" for a in args], "--resume")  # not 1e-3's scores, reused
+    assert "finished before" not in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.glob("lr-*")) == ["lr-0.001", "lr-0.0010000001"]
+
+
 def test_defaults_are_table_10_and_table_15_for_rembert():
     lines = []
 
@@ -310,11 +329,11 @@ def test_defaults_are_table_10_and_table_15_for_rembert():
 def test_learning_rate_sweep_reports_the_best_rate(files, tmp_path):
     root, spm = files
     run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-        "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--lr", "1e-6", "3e-3")
+        "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--lr", "1e-6", "3e-3")
     results = json.loads((tmp_path / "results.json").read_text())
     per_lr = {float(lr): table["average"]["accuracy"] for lr, table in results["per_lr"].items()}
     assert set(per_lr) == {1e-6, 3e-3} and results["lr"] == max(per_lr, key=per_lr.get)
-    assert results["results"] == results["per_lr"][f"{results['lr']:g}"]
+    assert results["results"] == results["per_lr"][repr(results["lr"])]
     assert (tmp_path / "lr-1e-06" / "seed-0").is_dir() and (tmp_path / "lr-0.003" / "seed-0").is_dir()
 
 
@@ -412,14 +431,21 @@ def test_original_release_files_give_one_row_per_language(files, tmp_path):
 def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
     root, spm = files
     args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-            "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--checkpoint-every", "2"]
+            "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--checkpoint-every", "2"]
     run(*args)
     saved = tmp_path / "lr-0.001" / "seed-0"
-    raw = bytearray((saved / "model.safetensors").read_bytes())
-    raw[-8:] = bytes(8)  # the last weights: still a readable safetensors file
-    (saved / "model.safetensors").write_bytes(raw)
+    raw = (saved / "model.safetensors").read_bytes()
+    (saved / "model.safetensors").write_bytes(raw[:-8] + bytes(8))  # the last weights: still a readable file
     with pytest.raises(DataError, match=r"seed-0/model.safetensors: damaged"):
         finetune.load_finetuned(saved)
+    (saved / "model.safetensors").write_bytes(raw)
+    # An edited finetune.json (its digests cover the weights and the tokenizer, not the settings themselves).
+    info = json.loads((saved / "finetune.json").read_text())
+    for edit, message in (({"seq_len": None}, "must be positive integers"), ({"seq_len": 100_000}, "exceeds the model"),
+                          ({"task": "panx"}, "no panx head in model.safetensors"), ({"n_best": 0}, "positive integers")):
+        (saved / "finetune.json").write_text(json.dumps({**info, **edit}))
+        with pytest.raises(DataError, match=message):
+            finetune.load_finetuned(saved)
     # An interrupted run's training state, damaged: --resume names it instead of loading it.
     (saved / "scores.json").unlink()
     (saved / "train-state.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
@@ -430,7 +456,7 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
 def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
     root, spm = files
     run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-        "--eval", f"en={root / 'pairs-en.tsv'}", "--out-dir", tmp_path / "run", *SMALL_ARGS)
+        "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path / "run", *SMALL_ARGS)
     (tmp_path / "in.tsv").write_text("a\tb\tentailment\nc\n")
     out = subprocess.run([sys.executable, "finetune.py", "predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"),
                           "--task", "xnli", "--input", str(tmp_path / "in.tsv"), "--output", str(tmp_path / "out.txt")],
@@ -446,6 +472,16 @@ def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
                              cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     assert (tmp_path / "in.tsv").read_text() == "a\tb\tentailment\nc\n"  # the input is never overwritten
+
+
+def test_evaluation_sets_that_would_mislead_are_refused(files, tmp_path):
+    root, spm = files
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--out-dir", tmp_path, *SMALL_ARGS]
+    with pytest.raises(DataError, match="is the --train file; hold part of it out with --train-fraction"):
+        run(*args, "--eval", root / "." / "pairs-en.tsv")  # scores of what it trained on
+    with pytest.raises(DataError, match="two sets for 'average'"):  # the name of the table's last row
+        run(*args, "--eval", f"average={root / 'dev-pairs-en.tsv'}")
 
 
 def test_languages_of_an_evaluation_file():
@@ -660,8 +696,9 @@ def test_tagging_with_two_processes_trains_as_one(files, tmp_path):
     root, spm = files
     tags = tmp_path / "tags-en.tsv"
     tags.write_text("Paris\tB-LOC\n\n" + TAGGED + "\nBerlin\tB-LOC\nand\tO\nRome\tB-LOC\n")
-    args = ["--task", "panx", "--config", "tiny", "--tokenizer", spm, "--train", tags, "--eval", f"en={tags}",
-            "--epochs", "2", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-2", "--dropout", "0",
+    (tmp_path / "dev-en.tsv").write_text(tags.read_text())
+    args = ["--task", "panx", "--config", "tiny", "--tokenizer", spm, "--train", tags,
+            "--eval", tmp_path / "dev-en.tsv", "--epochs", "2", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-2", "--dropout", "0",
             "--device", "cpu"]
     weights = []
     for out, launcher in (("one", [sys.executable]), ("two", [sys.executable, "-m", "torch.distributed.run",

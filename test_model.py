@@ -120,6 +120,9 @@ def test_save_hf_round_trip_masked_lm(tmp_path):
 ])
 def test_malformed_safetensors_are_refused_by_name(tmp_path, header):
     """Files the safetensors package refuses (it is fuzzed) become one DataError naming the file."""
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)  # deeper than Python's JSON reader goes
+    with pytest.raises(DataError, match="config.json: not a RemBERT config"):
+        Encoder.from_hf(tmp_path)
     save_hf(Encoder(SMALL), tmp_path)
     if header is None:
         entries = {"a": {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 4]},
@@ -203,6 +206,15 @@ def test_a_coupled_model_exports_and_loads_back_coupled(tmp_path):
     theirs.save_pretrained(tmp_path / "apart")
     with pytest.raises(DataError, match="tie_word_embeddings, but its output embedding .* differs"):
         MaskedLM.from_hf(tmp_path / "apart")
+
+
+def test_a_decoder_or_another_activation_is_refused(tmp_path):
+    save_hf(Encoder(SMALL), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for change in ({"is_decoder": True}, {"hidden_act": "relu"}):  # a causal mask, another non-linearity
+        (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(DataError, match="supported are encoders .is_decoder false. with hidden_act 'gelu'"):
+            Encoder.from_hf(tmp_path)
 
 
 def test_one_dropout_rate_or_a_warning(tmp_path):

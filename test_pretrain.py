@@ -31,10 +31,12 @@ def tokenizer(tmp_path_factory):
 
 
 def tiny_args(tokenizer, out_dir, *extra):
-    """The tiny config with a small vocabulary and short sequences: a step takes milliseconds."""
-    return ["--data", str(REPO / "sample_data"), "--tokenizer", tokenizer, "--out-dir", str(out_dir),
-            "--vocab-size", str(Tokenizer(tokenizer).vocab_size), "--seq-len", "32", "--max-predictions", "5",
-            "--batch-size", "4", "--warmup", "1", "--log-every", "1", "--device", "cpu", *extra]
+    """The tiny config with a small vocabulary and short sequences: a step takes milliseconds. A flag in
+    `extra` replaces the default's (the scripts refuse a flag given twice)."""
+    defaults = ["--data", str(REPO / "sample_data"), "--tokenizer", tokenizer, "--out-dir", str(out_dir),
+                "--vocab-size", str(Tokenizer(tokenizer).vocab_size), "--seq-len", "32", "--max-predictions", "5",
+                "--batch-size", "4", "--warmup", "1", "--log-every", "1", "--device", "cpu"]
+    return [a for i in range(0, len(defaults), 2) if defaults[i] not in extra for a in defaults[i:i + 2]] + [*extra]
 
 
 def run(tokenizer, out_dir, *extra):
@@ -216,6 +218,7 @@ def test_resume_removes_a_partial_save_of_a_killed_run(tokenizer, tmp_path, caps
     run(tokenizer, tmp_path, "--steps", "8", "--checkpoint-every", "2", "--resume")
     out = capsys.readouterr().out
     assert "ckpt-00000006.pt.tmp, left by an interrupted save" in out and f"resumed from {newest} at step 4" in out
+    assert "--steps 8: the learning rate decays to 0 at step 8 now, no longer at step 4" in out  # said, not silent
     assert final_state(tmp_path)["step"] == 8
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004.pt", "ckpt-00000006.pt", "ckpt-00000008.pt"]
 
@@ -257,6 +260,21 @@ def test_a_second_run_on_an_out_dir_in_use_stops_at_once(tokenizer, tmp_path):
     assert not pretrain.checkpoint_paths(tmp_path)
     os.close(held)
     run(tokenizer, tmp_path, "--steps", "2")  # free again
+
+
+def test_every_process_waits_for_the_tokenizer_rank_0_trains(tokenizer):
+    class Rank1:  # rank 0 found no tokenizer and trained it; rank 1 only looks once it is there
+        is_main, barriers = False, 0
+
+        def gather_object(self, exists):
+            return [False, exists]
+
+        def barrier(self):
+            self.barriers += 1
+    runtime = Rank1()
+    model_config, cfg = pretrain.parse_args(tiny_args(tokenizer, "unused"))
+    pretrain.ensure_tokenizer(cfg, model_config, runtime, print)
+    assert runtime.barriers == 1  # else rank 0's barrier would meet rank 1's next collective
 
 
 def test_checkpoint_from_another_config_is_refused(tokenizer, tmp_path):
