@@ -52,7 +52,7 @@ from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least,
                      parse_command_line, run_script)
 from model import (DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier, load_checkpoint,
                    save_hf)
-from pretrain import (build_optimizer, launch, lock_out_dir, lr_at, remove_partial_saves, restore_training_state,
+from pretrain import (build_optimizer, claimed, launch, lr_at, remove_partial_saves, restore_training_state,
                       setup_runtime, weights_are_sound)
 
 
@@ -619,12 +619,11 @@ def check_out_dir(cfg, runtime, log):
     read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model")  # of an --init dir
     files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
     ours["sha256"] = {f: data.sha256(f) for f in files if os.path.isfile(f)}
-    if runtime.is_main:
-        lock_out_dir(cfg.out_dir)
     runs = [path for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")
             for path in glob.glob(os.path.join(cfg.out_dir, name))]
     if not runs:
         if runtime.is_main:
+            os.makedirs(cfg.out_dir, exist_ok=True)
             data.write_json(path, ours)
         return
     if not cfg.resume:
@@ -733,7 +732,8 @@ def main(argv=None):
     if argv[:1] == ["predict"]:
         return predict_file(parse_command_line(__doc__, {"predict": PredictConfig}, argv)[1])
     _, cfg = parse_command_line(__doc__, FinetuneConfig, argv)
-    return launch(run, cfg.device, cfg)
+    with claimed(cfg.out_dir, main=os.environ.get("RANK", "0") == "0"):  # torchrun's rank 0, or XLA's launcher
+        return launch(run, cfg.device, cfg)
 
 
 if __name__ == "__main__":

@@ -332,23 +332,26 @@ def restore_training_state(runtime, state, path, model, optimizer):
     runtime.set_rng_state(state["rng"][runtime.rank])
 
 
-_LOCKS = {}  # out-dir -> a descriptor of it, locked until this process ends
-
-
-def lock_out_dir(out_dir):
-    """Claim out_dir for this process (the main one of a job): a second run writing there at the same
-    time would delete this one's checkpoints, so it stops at once instead."""
-    path = os.path.realpath(out_dir)
-    if path not in _LOCKS:
-        os.makedirs(path, exist_ok=True)
-        _LOCKS[path] = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(_LOCKS[path], fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(_LOCKS.pop(path))
-            raise DataError(f"{out_dir} is in use by another run; wait for it to end, or choose another --out-dir")
-        except OSError as e:  # a file system without locks
-            warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
+@contextlib.contextmanager
+def claimed(out_dir, main=True):
+    """Hold out_dir (its main process holds it for a job) while a run writes there: a second run started
+    on it meanwhile would delete this one's checkpoints, so that one stops at once instead."""
+    if not main:
+        yield
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    descriptor = os.open(out_dir, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(descriptor)
+        raise DataError(f"{out_dir} is in use by another run; wait for it to end or choose another --out-dir") from None
+    except OSError as e:  # a file system without locks
+        warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
+    try:
+        yield
+    finally:
+        os.close(descriptor)  # and with it the lock
 
 
 def remove_partial_saves(pattern, log):
@@ -407,8 +410,6 @@ def train(model_config, cfg):
     runtime = setup_runtime(cfg.device)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
-    if runtime.is_main:
-        lock_out_dir(cfg.out_dir)
     # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
     if resumed and "tokenizer" in resumed[1] and not os.path.exists(cfg.tokenizer):
@@ -532,7 +533,8 @@ def _without_index(index, function, *args):  # torch_xla.launch passes the proce
 
 def main(argv=None):
     model_config, train_config = parse_args(argv)
-    launch(train, train_config.device, model_config, train_config)
+    with claimed(train_config.out_dir, main=os.environ.get("RANK", "0") == "0"):  # torchrun's rank 0, or XLA's launcher
+        launch(train, train_config.device, model_config, train_config)
 
 
 if __name__ == "__main__":

@@ -205,11 +205,14 @@ def test_an_out_dir_in_use_by_another_run_is_refused(files, tmp_path):
     root, spm = files
     held = os.open(tmp_path, os.O_RDONLY)  # as another finetune.py holds it while it runs
     fcntl.flock(held, fcntl.LOCK_EX)
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", root / "dev-pairs-en.tsv", "--out-dir", tmp_path, *SMALL_ARGS]
     with pytest.raises(DataError, match="is in use by another run"):
-        run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-            "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS)
+        finetune.main([str(a) for a in args])
     assert not list(tmp_path.iterdir())
     os.close(held)
+    finetune.main([str(a) for a in args])  # free again, and freed when the run ends
+    finetune.main([str(a) for a in args] + ["--resume"])
 
 
 def test_a_tokenizer_other_than_the_encoders_is_refused(files, hf_dir, tmp_path):

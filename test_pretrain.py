@@ -256,10 +256,11 @@ def test_a_second_run_on_an_out_dir_in_use_stops_at_once(tokenizer, tmp_path):
     held = os.open(tmp_path, os.O_RDONLY)  # as another pretrain.py or finetune.py holds it while it runs
     fcntl.flock(held, fcntl.LOCK_EX)
     with pytest.raises(DataError, match="is in use by another run"):
-        run(tokenizer, tmp_path, "--steps", "2")
+        pretrain.main(tiny_args(tokenizer, tmp_path, "--steps", "2"))
     assert not pretrain.checkpoint_paths(tmp_path)
     os.close(held)
-    run(tokenizer, tmp_path, "--steps", "2")  # free again
+    pretrain.main(tiny_args(tokenizer, tmp_path, "--steps", "2"))  # free again, and freed when the run ends
+    pretrain.main(tiny_args(tokenizer, tmp_path, "--steps", "4", "--resume"))
 
 
 def test_every_process_waits_for_the_tokenizer_rank_0_trains(tokenizer):
