@@ -185,9 +185,10 @@ def add_flags(parser, cls, default_none=False):
 def parse_flags(parser, argv=None):
     """parser.parse_args, with the closest known flag suggested for a mistyped one, and a flag given twice
     refused (argparse would keep the last: `--eval a.tsv --eval b.tsv` would evaluate b.tsv alone)."""
-    given = [a.split("=")[0] for a in (sys.argv[1:] if argv is None else argv) if str(a).startswith("--")]
+    given = [a.split("=")[0].replace("--no-", "--") for a in (sys.argv[1:] if argv is None else argv)
+             if str(a).startswith("--")]  # (--compile and --no-compile are one flag)
     if repeated := next((a for a in given if given.count(a) > 1), None):
-        parser.error(f"{repeated} is given twice; give each flag once (several values together: --eval A.tsv B.tsv)")
+        parser.error(f"{repeated} is given twice; give each flag once (a list takes its values at once: A B)")
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         flag = unknown[0].split("=")[0]

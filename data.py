@@ -117,9 +117,10 @@ def count_lines(path):
 
 def line_counts(paths):
     """{path: non-blank lines}. The counts are kept in an index file beside the files (.rembert-index.json, by
-    name, size and change time, which every edit sets), so a corpus is read in full once, not at every start and
-    not in every process of a job (pretrain.py counts in one process first). New files are counted in parallel."""
-    counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, ctime, lines]}
+    name, size, modification and change time: an edit changes one), so a corpus is read in full once, not at every
+    start and not in every process of a job (pretrain.py counts in one process first). New files are counted in
+    parallel."""
+    counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, mtime, ctime, lines]}
     for path in paths:
         directory, name = os.path.split(os.path.abspath(path))
         if directory not in indexes:
@@ -129,11 +130,11 @@ def line_counts(paths):
             except (OSError, ValueError, TypeError):  # missing, or damaged: counted again
                 indexes[directory] = {}
         stat, entry = os.stat(path), indexes[directory].get(name)
-        if (isinstance(entry, list) and len(entry) == 3 and entry[:2] == [stat.st_size, stat.st_ctime_ns]
-                and type(entry[2]) is int and entry[2] > 0):
-            counts[path] = indexes[directory][name][2]
+        key = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
+        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == key and type(entry[3]) is int and entry[3] > 0:
+            counts[path] = entry[3]
         else:
-            todo.append((directory, path, [stat.st_size, stat.st_ctime_ns]))
+            todo.append((directory, path, key))
     with ProcessPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:  # (no process when none to do)
         found = list(pool.map(count_lines, [path for _, path, _ in todo]))
     for (directory, path, key), n in zip(todo, found):
@@ -220,15 +221,17 @@ class Tokenizer:
                             or self.sp.is_byte(i) for i in range(self.vocab_size)])
         special[[self.pad_id, self.cls_id, self.sep_id, self.mask_id]] = True
         self.normal_ids = np.flatnonzero(~special)  # what a "random token" of the 80/10/10 rule may be
+        self._blank = {}  # is_blank's answers
 
     def encode(self, text):
         return self.sp.encode(text)
 
-    @functools.lru_cache(maxsize=1 << 16)
     def is_blank(self, char):
         """Whether SentencePiece reads `char` as nothing or as a space: whitespace, but also U+200B, U+200E,
         U+FEFF and the like, which its normalization turns into blanks."""
-        return char.isspace() or not self.sp.normalize(char)
+        if char not in self._blank:
+            self._blank[char] = char.isspace() or not self.sp.normalize(char)
+        return self._blank[char]
 
     def encode_with_offsets(self, text):
         """(ids, [(start, end)]): each piece's characters in `text` itself, found through SentencePiece's
@@ -290,8 +293,6 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     total = min(max_sentences, sum(counts.values()))
     rng = random.Random(seed)
     chars = collections.Counter()
-    # SentencePiece skips lines over max_sentence_length bytes without a word: long ones go in parts.
-    cut = lambda line: "\n".join(line[i:i + 8192] for i in range(0, len(line), 8192)) + "\n"  # noqa: E731
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         sample = os.path.join(tmp, "sample.txt")
@@ -304,14 +305,14 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
                         for line in (line.strip() for line in f):
                             if not line:
                                 continue
-                            out.write(cut(line) * repeats)
+                            out.write(_in_parts(line) * repeats)
                             chars.update(line * repeats)
                             seen += 1
                             if len(reservoir) < rest:
                                 reservoir.append(line)
                             elif (j := rng.randrange(seen)) < rest:
                                 reservoir[j] = line
-                out.writelines(map(cut, reservoir))
+                out.writelines(map(_in_parts, reservoir))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
         if room < 1:
@@ -331,6 +332,11 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
         except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
             raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
     return f"{model_prefix}.model"
+
+
+def _in_parts(line, most=8192):
+    """The line, cut into lines of `most` characters (SentencePiece skips one over 64 KiB without a word)."""
+    return "".join(line[i:i + most] + "\n" for i in range(0, len(line), most))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,16 +361,9 @@ READER = np.dtype([(name, np.int64) for name in ("pass", "chunk", "doc", "line",
 CACHED = 8  # chunks (and chunk orders) a stream keeps in memory, however many languages there are
 
 
-@dataclass
-class _Corpus:
-    """What every stream needs, the same in every process (picklable for DataLoader workers)."""
-    langs: list  # [(language, [paths])], sorted
-    counts: list  # lines per language
-    sizes: dict  # path -> bytes
-    streams: int  # S
-    seed: int
-    shuffle_bytes: int
-    alpha: float
+# What every stream needs, the same in every process (picklable for DataLoader workers): [(language, [paths])],
+# sorted; lines per language; {path: bytes}; the number of streams S; and the loader's settings.
+_Corpus = collections.namedtuple("_Corpus", "langs counts sizes streams seed shuffle_bytes alpha")
 
 
 class _Stream:

@@ -476,7 +476,7 @@ def main(argv=None):
         try:
             model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
         except UserWarning as e:
-            raise DataError(f"{e}: there is no masked-LM accuracy to measure") from None
+            raise DataError(f"{e}; there is no masked-LM accuracy to measure") from None
     length = cfg.seq_len if command == "mlm-accuracy" else cfg.max_len
     if tokenizer.vocab_size > model.config.vocab_size or length > model.config.max_position_embeddings:
         raise DataError(f"{tokenizer.model_file} ({tokenizer.vocab_size} pieces) or the length {length} does not fit "

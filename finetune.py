@@ -449,8 +449,8 @@ def eval_sets(cfg, task, held_out):
         if cfg.train_fraction == 1 and os.path.realpath(path) == os.path.realpath(cfg.train):
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
         for lang, examples in by_language(read_examples(task, path), spec).items():
-            if lang in sets or lang == "average":  # (the table's last row)
-                raise DataError(f"--eval: two sets for {lang!r}; name them LANG=FILE")
+            if lang in sets or lang == "average":
+                raise DataError(f"--eval: two sets for {lang!r} (or the table's average row); name them LANG=FILE")
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]
             if not sets[lang]:
                 raise DataError(f"--eval {spec}: no {lang} examples left to evaluate (all used for training?)")
@@ -493,7 +493,7 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
                 yield {k: v[order[start:start + per_process]] for k, v in tensors.items()}
 
     log(f"training: {n} sequences, {total} steps of {per_step} ({steps_per_epoch} per epoch), "
-        f"lr {lr:g}, warm-up {warmup}")
+        f"lr {lr!r}, warm-up {warmup}")
     ddp_model.train()
     stats = torch.zeros(2, device=runtime.device)  # [sum of losses, steps]: read only when logging
     last_log, last_step = time.time(), first
@@ -635,8 +635,8 @@ def check_out_dir(cfg, runtime, log):
     theirs = evaluate.read_json(path)
     differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
               for k, v in ours.items() if k != "sha256" and theirs.get(k) != v]
-    differ = differ or [f"{f}: changed since then" for f, digest in ours["sha256"].items()
-                        if (theirs.get("sha256") or {}).get(f) != digest]
+    differ = differ or [f"{f}: changed since then" if "sha256" in theirs else f"{f}: no SHA-256 recorded then"
+                        for f, digest in ours["sha256"].items() if (theirs.get("sha256") or {}).get(f) != digest]
     if differ:
         raise DataError(f"{cfg.out_dir} holds runs made with other settings ({'; '.join(differ)}); "
                         f"resume with the same ones, or choose another --out-dir")
@@ -702,7 +702,7 @@ def run(cfg):
                 scores[lang] = {m: result[m] for m in task.metrics}
             scores["average"] = average(list(scores.values()))
             sweep[lr][seed] = scores
-            evaluate.print_table(f"{cfg.task}, lr {lr:g}, seed {seed}", scores, log)
+            evaluate.print_table(f"{cfg.task}, lr {lr!r}, seed {seed}", scores, log)
             if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
                 save_finetuned(model.cpu(), cfg, tokenizer.model_file, run_dir)
                 data.write_json(scores_path, scores)
@@ -715,9 +715,9 @@ def run(cfg):
     metric = task.metrics[0]
     best = max(cfg.lr, key=lambda lr: tables[lr]["average"][metric])
     if len(cfg.lr) > 1:
-        log("learning rates: " + ", ".join(f"{lr:g}: {tables[lr]['average'][metric]:.2f}" for lr in cfg.lr)
-            + f" (average {metric}); best {best:g}")
-    evaluate.print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, lr {best:g}, "
+        log("learning rates: " + ", ".join(f"{lr!r}: {tables[lr]['average'][metric]:.2f}" for lr in cfg.lr)
+            + f" (average {metric}); best {best!r}")
+    evaluate.print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, lr {best!r}, "
                 f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")

@@ -31,7 +31,6 @@ holds a bad step.
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import glob
 import itertools
 import math
@@ -334,24 +333,22 @@ def restore_training_state(runtime, state, path, model, optimizer):
 
 @contextlib.contextmanager
 def claimed(out_dir, main=True):
-    """Hold out_dir (its main process holds it for a job) while a run writes there: a second run started
-    on it meanwhile would delete this one's checkpoints, so that one stops at once instead."""
+    """Hold a lock on out_dir/.lock (the main process, for a job) while a run writes there: a second run started
+    on it meanwhile would delete this one's checkpoints, so that one stops at once instead. A POSIX lock: the
+    process's own (its forked workers do not hold it), gone when it ends however it ends, kept over NFS."""
     if not main:
         yield
         return
+    import fcntl  # (POSIX only, as is this lock)
     os.makedirs(out_dir, exist_ok=True)
-    descriptor = os.open(out_dir, os.O_RDONLY)
-    try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(descriptor)
-        raise DataError(f"{out_dir} is in use by another run; wait for it to end or choose another --out-dir") from None
-    except OSError as e:  # a file system without locks
-        warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
-    try:
+    with open(os.path.join(out_dir, ".lock"), "a") as lock:
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except (BlockingIOError, PermissionError):  # (held elsewhere: EAGAIN or EACCES, by the system)
+            raise DataError(f"{out_dir} is in use by another run: wait for it, or choose another --out-dir") from None
+        except OSError as e:  # a file system without locks
+            warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
         yield
-    finally:
-        os.close(descriptor)  # and with it the lock
 
 
 def remove_partial_saves(pattern, log):

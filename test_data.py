@@ -394,7 +394,7 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
 def test_a_damaged_line_index_is_counted_again(tmp_path):
     corpus = tmp_path / "en.txt"
     corpus.write_text("one\ntwo\n\nthree\n")
-    key = [corpus.stat().st_size, corpus.stat().st_ctime_ns]
+    key = [corpus.stat().st_size, corpus.stat().st_mtime_ns, corpus.stat().st_ctime_ns]
     for index in ([1], {"en.txt": 5}, {"en.txt": key}, {"en.txt": key + [0]}, {"en.txt": key + [-5]},
                   {"en.txt": key + [1.5]}, {"en.txt": key + ["x"]}):
         (tmp_path / data.INDEX).write_text(json.dumps(index))

@@ -5,9 +5,7 @@ per-language table and results.json (one row per language, also from XNLI 1.0's 
 are refused by name; the saved model predicts with `finetune.py predict`, and `evaluate.py score`
 reproduces the table."""
 
-import fcntl
 import json
-import os
 import subprocess
 import sys
 import re
@@ -153,6 +151,9 @@ def test_command_line_errors_are_clear(files, capsys):
     with pytest.raises(SystemExit):  # argparse would keep the last: de.tsv would not be evaluated
         parse_command_line(finetune.__doc__, finetune.FinetuneConfig, ["--eval", "de.tsv", "--eval=es.tsv"])
     assert "--eval is given twice; give each flag once" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_command_line(finetune.__doc__, finetune.FinetuneConfig, ["--resume", "--no-resume"])
+    assert "--resume is given twice" in capsys.readouterr().err
     unnamed = root / "pairs.tsv"
     unnamed.write_text((root / "pairs-en.tsv").read_text())
     with pytest.raises(DataError, match="--eval .*pairs.tsv: cannot tell the language"):
@@ -202,15 +203,16 @@ def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp
 
 
 def test_an_out_dir_in_use_by_another_run_is_refused(files, tmp_path):
+    from test_pretrain import hold_out_dir
     root, spm = files
-    held = os.open(tmp_path, os.O_RDONLY)  # as another finetune.py holds it while it runs
-    fcntl.flock(held, fcntl.LOCK_EX)
+    holder = hold_out_dir(tmp_path)
     args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
             "--eval", root / "dev-pairs-en.tsv", "--out-dir", tmp_path, *SMALL_ARGS]
     with pytest.raises(DataError, match="is in use by another run"):
         finetune.main([str(a) for a in args])
-    assert not list(tmp_path.iterdir())
-    os.close(held)
+    assert [p.name for p in tmp_path.iterdir()] == [".lock"]  # nothing of a run
+    holder.kill()
+    holder.wait()
     finetune.main([str(a) for a in args])  # free again, and freed when the run ends
     finetune.main([str(a) for a in args] + ["--resume"])
 
