@@ -732,7 +732,7 @@ def main(argv=None):
     if argv[:1] == ["predict"]:
         return predict_file(parse_command_line(__doc__, {"predict": PredictConfig}, argv)[1])
     _, cfg = parse_command_line(__doc__, FinetuneConfig, argv)
-    with claimed(cfg.out_dir, main=os.environ.get("RANK", "0") == "0"):  # torchrun's rank 0, or XLA's launcher
+    with claimed(cfg.out_dir):
         return launch(run, cfg.device, cfg)
 
 

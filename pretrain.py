@@ -332,11 +332,11 @@ def restore_training_state(runtime, state, path, model, optimizer):
 
 
 @contextlib.contextmanager
-def claimed(out_dir, main=True):
-    """Hold a lock on out_dir/.lock (the main process, for a job) while a run writes there: a second run started
-    on it meanwhile would delete this one's checkpoints, so that one stops at once instead. A POSIX lock: the
-    process's own (its forked workers do not hold it), gone when it ends however it ends, kept over NFS."""
-    if not main:
+def claimed(out_dir):
+    """Hold a lock on out_dir/.lock (for a job: torchrun's rank 0, or XLA's launcher) while a run writes there: a
+    second run started on it meanwhile would delete this one's checkpoints, so that one stops at once instead. A
+    POSIX lock: the process's own (its forked workers do not hold it), gone when it ends however it ends."""
+    if os.environ.get("RANK", "0") != "0":
         yield
         return
     import fcntl  # (POSIX only, as is this lock)
@@ -530,7 +530,7 @@ def _without_index(index, function, *args):  # torch_xla.launch passes the proce
 
 def main(argv=None):
     model_config, train_config = parse_args(argv)
-    with claimed(train_config.out_dir, main=os.environ.get("RANK", "0") == "0"):  # torchrun's rank 0, or XLA's launcher
+    with claimed(train_config.out_dir):
         launch(train, train_config.device, model_config, train_config)
 
 
