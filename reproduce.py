@@ -7,16 +7,14 @@ embeddings, pre-trained on the same multilingual text for the same number of tok
   extra layers (Table 5)    E_out = H/4 plus pre-training-only layers of about E_out = H's parameters;
 
 each with --seeds seeds, measured by held-out masked-LM accuracy (Table 8), zero-shot cross-lingual
-transfer (fine-tuned on English, evaluated on the other languages) on PAN-X and XNLI (Tables 2, 4, 5),
-PAN-X transfer with the last layers removed before fine-tuning (Figure 1), and per-layer
-nearest-neighbour en->de translation accuracy on XQuAD's parallel questions (Figure 2). The grid is
-fixed beforehand (PRESETS); nothing in it was chosen by looking at its results.
+transfer from English on PAN-X and XNLI (Tables 2, 4, 5), PAN-X transfer with the last layers removed
+before fine-tuning (Figure 1), and per-layer en->de nearest-neighbour translation accuracy on XQuAD's
+parallel questions (Figure 2). The grid (PRESETS) was fixed beforehand, not chosen by looking at results.
 
-It writes to --out-dir: results.json (every number of every seed, written after each model, so an
-interrupted run continues where it stopped), results.md (mean ± standard deviation over seeds, beside
-the paper's figures), figure1.png and figure2.png (matplotlib). Data: --data (default
-../shared/data/corpus: Tatoeba's 113 languages and two novels; a tenth of every file is held out for
-Table 8) and --tasks (default ../shared/data: PAN-X, XNLI, XQuAD).
+It writes to --out-dir: results.json (every number of every seed, saved after each model, so an
+interrupted run resumes), results.md (mean ± standard deviation over seeds, beside the paper's
+figures), figure1.png and figure2.png. --data: Tatoeba's 113 languages and two novels, a tenth of
+every file held out for Table 8; --tasks: PAN-X, XNLI, XQuAD.
 
   python reproduce.py                            # the cpu preset: about an hour on 2 CPU cores
   python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, a few minutes
@@ -96,8 +94,7 @@ def models(p):
                                                                   pretraining_only_layers=p.extra_layers)}
 
 
-# The paper's rows beside ours (mBERT-sized, 26B tokens): (row, XNLI accuracy, NER F1, MLM accuracy of Table 8),
-# in the order of models(): Tables 2, 4, 5 and 8.
+# The paper's rows (mBERT-sized, 26B tokens) in the order of models(): (row, XNLI acc., NER F1, Table 8's MLM acc.).
 PAPER = [("Table 2, coupled (E 768)", 70.7, 69.2, 61.1), ("Table 2, decoupled (E 768)", 71.3, 68.9, 61.6),
          ("Table 4, E_out 128", 68.1, 65.2, 59.0), ("Table 4, E_out 768", 70.4, 67.6, 60.7),
          ("Table 4, E_out 3072", 71.1, 68.1, 62.3), ("Table 5, E_out 128 + 11 layers", 71.2, 67.3, None)]
@@ -120,16 +117,13 @@ class ReproduceConfig:
 
 
 def split_corpus(source, out):
-    """Copies of the corpus's files under out/train and out/heldout: a tenth of each file's non-blank lines
-    (its last ones, at least one) held out for the masked-LM accuracy of Table 8."""
+    """Each corpus file split into out/train and out/heldout: its last tenth of non-blank lines (at least one)."""
     files = sorted(glob.glob(os.path.join(source, "**", "*.txt"), recursive=True))
     if not files:
         raise DataError(f"{source}: no *.txt files in it or below it")
     names = [os.path.basename(f) for f in files]
     if len(set(names)) < len(names):
         raise DataError(f"{source}: two files have the same name; the language is read from the name")
-    for part in ("train", "heldout"):
-        os.makedirs(os.path.join(out, part), exist_ok=True)
     for path, name in zip(files, names):
         lines = data.read_text(path).removesuffix("\n").split("\n")
         text = [i for i, line in enumerate(lines) if line.strip()]
@@ -137,6 +131,7 @@ def split_corpus(source, out):
             raise DataError(f"{path}: fewer than 2 lines, nothing to hold out")
         cut = text[len(text) - max(1, len(text) // 10)]
         for part, chunk in (("train", lines[:cut]), ("heldout", lines[cut:])):
+            os.makedirs(os.path.join(out, part), exist_ok=True)
             with open(os.path.join(out, part, name), "w", encoding="utf-8") as f:
                 f.write("\n".join(chunk) + "\n")
     return os.path.join(out, "train"), os.path.join(out, "heldout")
@@ -146,13 +141,6 @@ def quietly(fn, log_path, *args):
     """fn(*args) with its log lines in log_path rather than on the screen."""
     with open(log_path, "w") as log, contextlib.redirect_stdout(log):
         return fn(*args)
-
-
-def zero_shot(table, task):
-    """The average over the languages other than English (what transfers), and English alone."""
-    metric = finetune.TASKS[task].metrics[0]
-    others = [row[metric] for lang, row in table.items() if lang not in ("en", "average")]
-    return {"transfer": sum(others) / len(others), "en": table["en"][metric]}
 
 
 def run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir):
@@ -173,7 +161,7 @@ def run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir):
     result = {"parameters": count_parameters(model), "mlm_accuracy": accuracy}
 
     def transfer(task, keep=0):
-        """Fine-tuned on English (PAN-X's train file; XNLI's first 80% of dev-en), evaluated on the rest."""
+        """Fine-tuned on English (PAN-X's train file; XNLI's first 80% of dev-en): the other languages' mean, en's."""
         folder, langs = ("ner/panx", PANX_LANGS) if task == "panx" else ("xnli", XNLI_LANGS)
         ft = finetune.FinetuneConfig(
             task=task, init=checkpoint, tokenizer=tokenizer_file,
@@ -182,17 +170,19 @@ def run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir):
             train_fraction=1.0 if task == "panx" else 0.8, max_train=p.max_train, max_eval=p.max_eval,
             out_dir=os.path.join(run_dir, f"{task}-{keep}"), device=cfg.device, lr=[p.finetune_lr], epochs=p.epochs,
             seeds=[seed], keep_layers=keep, resume=True)
-        return zero_shot(quietly(finetune.run, os.path.join(run_dir, f"{task}-{keep}.log"), ft), task)
+        table = quietly(finetune.run, os.path.join(run_dir, f"{task}-{keep}.log"), ft)
+        metric = finetune.TASKS[task].metrics[0]
+        others = [row[metric] for lang, row in table.items() if lang not in ("en", "average")]
+        return {"transfer": sum(others) / len(others), "en": table["en"][metric]}
 
     result["panx"], result["xnli"] = transfer("panx"), transfer("xnli")
     if name.startswith("E_out") and "layers" not in name:  # Figure 1: one curve per E_out
         result["figure1"] = {str(keep): transfer("panx", keep)["transfer"] for keep in p.figure1_layers}
         result["figure1"][str(p.layers)] = result["panx"]["transfer"]
-    source, target = evaluate.read_parallel(*(Path(cfg.tasks) / f"xquad/xquad.{lang}.json" for lang in ("en", "de")))
-    n = p.probe_pairs or len(source)
-    result["figure2"] = evaluate.translation_probe(
-        model.encoder.to(device), [tokenizer.encode(t) for t in source[:n]], [tokenizer.encode(t) for t in target[:n]],
-        tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, device=device)
+    pairs = evaluate.read_parallel(*(Path(cfg.tasks) / f"xquad/xquad.{lang}.json" for lang in ("en", "de")))
+    source, target = ([tokenizer.encode(t) for t in side[:p.probe_pairs or None]] for side in pairs)
+    result["figure2"] = evaluate.translation_probe(model.encoder.to(device), source, target, tokenizer.cls_id,
+                                                   tokenizer.sep_id, tokenizer.pad_id, device=device)
     return result
 
 
@@ -202,58 +192,49 @@ def mean_std(values):
 
 def summarize(results, p, out_dir):
     """results.md (the table) and figure1.png, figure2.png (one curve per E_out)."""
-    import matplotlib
-    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    plt.switch_backend("Agg")
 
     def cell(name, pick):
-        values = [pick(r) for r in results[name].values()]
-        mean, std = mean_std(values)
-        return f"{mean:.1f} ± {std:.1f}"
+        return "{:.1f} ± {:.1f}".format(*mean_std([pick(r) for r in results[name].values()]))
 
-    lines = [f"Mean ± standard deviation over {len(next(iter(results.values())))} seed(s); H {p.hidden}, "
+    lines = [f"Mean ± standard deviation over {p.seeds} seed(s); H {p.hidden}, "
              f"{p.layers} layers, {p.steps} pre-training steps of {p.batch_size} x {p.seq_len} tokens. Zero-shot: "
              "the average over the languages other than English. The paper: XTREME's averages, mBERT-sized.", "",
              "| model | PT / FT params | MLM acc. | PAN-X F1 zero-shot | PAN-X F1 en | XNLI acc. zero-shot "
              "| XNLI acc. en | paper: row | XNLI | NER F1 | MLM acc. |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
     for name, (row, xnli, ner, mlm) in zip(models(p), PAPER):
-        counts = next(iter(results[name].values()))["parameters"]
+        counts = results[name]["0"]["parameters"]
         lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M "
                      f"| {cell(name, lambda r: r['mlm_accuracy'])} | {cell(name, lambda r: r['panx']['transfer'])} "
                      f"| {cell(name, lambda r: r['panx']['en'])} | {cell(name, lambda r: r['xnli']['transfer'])} "
                      f"| {cell(name, lambda r: r['xnli']['en'])} | {row} | {xnli} | {ner} | {mlm or '-'} |")
     with open(os.path.join(out_dir, "results.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
-    curves = [name for name in models(p) if "figure1" in next(iter(results[name].values()))]
-    for figure, key, xlabel, ylabel in (
-            ("figure1", "figure1", "layers kept for fine-tuning", "PAN-X F1, zero-shot average (%)"),
-            ("figure2", "figure2", "layer (0: embeddings)", "en->de nearest-neighbour accuracy (%)")):
-        plt.figure(figsize=(5, 3.4))
+    curves = [name for name in models(p) if "figure1" in results[name]["0"]]
+    for figure, xlabel, ylabel in (("figure1", "layers kept for fine-tuning", "PAN-X F1, zero-shot average (%)"),
+                                   ("figure2", "layer (0: embeddings)", "en->de nearest-neighbour accuracy (%)")):
+        fig, ax = plt.subplots(figsize=(5, 3.4), layout="tight")
         for name in curves:
-            runs = list(results[name].values())
-            xs = sorted(int(k) for k in runs[0][key]) if key == "figure1" else list(range(len(runs[0][key])))
-            stats = [mean_std([r[key][str(x)] if key == "figure1" else r[key][x] for r in runs]) for x in xs]
-            plt.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3, label=name)
-        plt.xticks(xs)
-        plt.xlabel(xlabel)
-        plt.ylabel(ylabel)
-        plt.legend()
-        plt.tight_layout()
-        plt.savefig(os.path.join(out_dir, f"{figure}.png"), dpi=100)
-        plt.close()
+            runs = [r[figure] for r in results[name].values()]  # figure1: {layers kept: F1}, figure2: [accuracy]
+            xs = sorted(map(int, runs[0])) if figure == "figure1" else range(len(runs[0]))
+            stats = [mean_std([run[str(x)] if figure == "figure1" else run[x] for run in runs]) for x in xs]
+            ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3, label=name)
+        ax.set(xticks=xs, xlabel=xlabel, ylabel=ylabel)
+        ax.legend()
+        fig.savefig(os.path.join(out_dir, f"{figure}.png"), dpi=100)
+        plt.close(fig)
     return "\n".join(lines)
 
 
 def main(argv=None):
     _, cfg = parse_command_line(__doc__, ReproduceConfig, argv)
-    device = resolve_device(cfg.device)
-    p = PRESETS["quick" if cfg.quick else "gpu" if device == "cuda" else "cpu"]
+    cfg = replace(cfg, device=resolve_device(cfg.device))
+    p = PRESETS["quick" if cfg.quick else "gpu" if cfg.device == "cuda" else "cpu"]
     p = replace(p, seeds=cfg.seeds or p.seeds)
-    cfg = replace(cfg, device=device)
-    os.makedirs(cfg.out_dir, exist_ok=True)
     started = time.time()
-    print(f"preset {'quick' if cfg.quick else device}: {asdict(p)}", flush=True)
+    print(f"preset {'quick' if cfg.quick else cfg.device}: {asdict(p)}", flush=True)
     setup = json.loads(json.dumps(  # as the JSON files hold it (tuples as lists)
         {"preset": asdict(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}))
     setup_path = os.path.join(cfg.out_dir, "setup.json")
@@ -275,8 +256,8 @@ def main(argv=None):
         run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
         job_started = time.time()
         results.setdefault(name, {})[str(seed)] = run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir)
-        data.write_json(results_path, {"setup": setup, "results": results, "seconds": time.time() - started})
         elapsed = time.time() - started
+        data.write_json(results_path, {"setup": setup, "results": results, "seconds": elapsed})
         print(f"[{done}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s | elapsed "
               f"{elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min", flush=True)
     print(summarize(results, p, cfg.out_dir))
