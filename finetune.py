@@ -192,10 +192,9 @@ def pair_features(tokenizer, examples, labels, seq_len):
 
 
 def tagging_features(tokenizer, examples, labels, seq_len):
-    """One row per sentence: [CLS] pieces of each word [SEP]. A word's label goes to its first piece; the
-    other pieces, [CLS], [SEP] and padding get -100. A word with no pieces gets [UNK]. Words past seq_len - 2
-    pieces are cut (a warning counts them; tagging_predictions gives them labels[0]). Without gold labels,
-    first pieces get label 0, so that tagging_predictions can still find the words (do not train on them)."""
+    """One row per sentence: [CLS] pieces of each word [SEP], a word's label on its first piece (-100 elsewhere;
+    0 without gold labels, which marks the words for tagging_predictions). A word with no pieces gets [UNK];
+    words past seq_len - 2 pieces are cut, counted in a warning and predicted as labels[0]."""
     features, cut = [], 0
     for e in examples:
         ids, row_labels = [tokenizer.cls_id], [-100]
@@ -464,9 +463,8 @@ def eval_sets(cfg, task, held_out):
 # of each epoch is dropped), evaluation batches padded to full size (padding rows are cut after)
 
 def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
-    """Fine-tune `model` in place. Every --checkpoint-every steps and at the end, the training state
-    (weights, optimizer, step, each process's RNG) goes to `state_path`, written atomically; when that
-    file exists, training continues from it and ends with the weights an uninterrupted run has."""
+    """Fine-tune `model` in place, saving the training state (weights, optimizer, step, RNGs) to `state_path`
+    at every --checkpoint-every steps; from that file, training ends with an uninterrupted run's weights."""
     n, per_step = tensors["input_ids"].shape[0], cfg.batch_size
     if per_step % runtime.world_size:
         raise DataError(f"--batch-size {per_step} does not split over {runtime.world_size} processes")
@@ -534,9 +532,8 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
 
 @torch.no_grad()
 def predict(model, tensors, batch_size, runtime):
-    """Model outputs for every row of `tensors` (the model's inputs only), in order, as CPU tensors.
-    Every process runs the same number of full batches; rows past the end are padding (attention
-    mask 0) and are dropped after the outputs are gathered."""
+    """Model outputs for every row of `tensors`, in order, on the CPU. Every process runs the same number of
+    full batches: the padding rows past the end are dropped after the outputs are gathered."""
     inputs = {k: tensors[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
     n = inputs["input_ids"].shape[0]
     per_step = batch_size * runtime.world_size
@@ -568,9 +565,8 @@ def predict_examples(model, tokenizer, task, examples, settings, batch_size, run
 
 
 def predict_file(cfg):
-    """`python finetune.py predict`: predict on any file of the task's format with a model saved by
-    `save_finetuned`, and write the official prediction format: one label per line (xnli, pawsx),
-    token<TAB>label with a blank line between sentences (panx, udpos), {question id: answer} (QA)."""
+    """`python finetune.py predict` in the official formats: a label per line (xnli, pawsx), token<TAB>label
+    with a blank line between sentences (panx, udpos), or {question id: answer} (QA)."""
     model, tokenizer, info = load_finetuned(cfg.model)
     task = TASKS[cfg.task]
     if cfg.task != info["task"] and not task.kind == TASKS[info["task"]].kind == "qa":  # SQuAD -> MLQA is fine
