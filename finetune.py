@@ -2,21 +2,17 @@ r"""Fine-tuning RemBERT on the XTREME tasks of the paper with zero-shot cross-li
 (Section 3, "Tasks"; Tables 2-7): fine-tune on English training data only, then evaluate every
 target language with the same model, and report each language and the average.
 
-Tasks: sentence pairs (xnli, pawsx: `model.SequenceClassifier`), tagging (panx, udpos:
-`model.TokenClassifier`), extractive QA (xquad, mlqa, tydiqa: `model.SpanExtractor`), with
-google-research/bert's features (run_squad.py's doc_stride windows, max-context rule and n-best
-decoding). The encoder comes from a pretrain.py checkpoint (its pre-training-only layers and MLM head
-dropped, as in the paper), a Hugging Face RemBERT directory (with its sentencepiece.model) or random
-weights (--config); `--keep-layers K` keeps its first K layers (Figure 1).
+Tasks: sentence pairs (xnli, pawsx), tagging (panx, udpos) and extractive QA (xquad, mlqa, tydiqa, with
+google-research/bert's run_squad.py features and n-best decoding). The encoder comes from a pretrain.py
+checkpoint (its pre-training-only layers and MLM head dropped, as in the paper), a Hugging Face RemBERT
+directory or random weights (--config); `--keep-layers K` keeps its first K layers (Figure 1).
 
-Defaults follow Appendix A.3: batch 32, 3 epochs, one run per learning rate of Table 10 and seed, the
-rate with the best average of the task's first metric reported (as the paper reports its dev sets); for
-an encoder of RemBERT's shape, Table 15's rate and batch. The per-language table (mean over --seeds)
-goes to stdout and --out-dir/results.json, each run's model (transformers' layout) to
---out-dir/lr-RATE/seed-N/. After a crash, the same command with --resume keeps the finished runs and
-continues the interrupted one from its last save to the same weights. With ../shared/data, which has no
-training splits but for PAN-X, --train-fraction trains on the first part of a file and evaluates every
-parallel --eval file on the rest (XQuAD by article).
+Defaults follow Appendix A.3: batch 32, 3 epochs, one run per learning rate of Table 10 and seed, the rate with
+the best average of the task's first metric reported (as the paper reports its dev sets); Table 15's rate and
+batch for an encoder of RemBERT's shape. The per-language table (mean over --seeds) goes to stdout and
+--out-dir/results.json, each run's model to --out-dir/lr-RATE/seed-N/. After a crash, --resume continues to the
+same weights. ../shared/data has no training splits but for PAN-X: --train-fraction trains on the first part of a
+file and evaluates every parallel --eval file on the rest (XQuAD by article).
 
   CPU:      python finetune.py --task panx --init out/pretrain/ckpt-00000800.pt --lr 1e-3 --epochs 10 \
                 --train ../shared/data/ner/panx/train-en.tsv --eval ../shared/data/ner/panx/dev-*.tsv
@@ -28,11 +24,9 @@ parallel --eval file on the rest (XQuAD by article).
                 --train multinli.train.en.tsv --eval xnli/dev-*.tsv
   predict:  python finetune.py predict --model out/finetune/lr-0.001/seed-0 --task panx \
                 --input ../shared/data/ner/panx/test-de.tsv --output pred-de.tsv
-(--batch-size is the global batch: torchrun's 8 processes each take an eighth of it.)
 """
 
 import copy
-import dataclasses
 import glob
 import json
 import math
@@ -42,7 +36,7 @@ import shutil
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -66,8 +60,7 @@ class Task:
     metrics: tuple  # the figures of evaluate.py that the table shows (percent); the first picks the lr
 
 
-# Table 10 has one "SQuAD" row: all three QA tasks train on English SQuAD-format data. It has no POS
-# row; POS sweeps NER's rates.
+# Table 10 has one "SQuAD" row (all three QA tasks train on English SQuAD data) and no POS row: POS sweeps NER's.
 SQUAD_LRS = (2e-5, 3e-5, 4e-5)
 NER_LRS = (1e-5, 2e-5, 3e-5, 4e-5, 5e-5)
 TASKS = {
@@ -77,9 +70,7 @@ TASKS = {
                   ("accuracy",)),
     "panx": Task("tagging", evaluate.TAGGING_LABELS["panx"], NER_LRS, (8e-6, 64), 128, ("f1", "precision", "recall")),
     "udpos": Task("tagging", evaluate.TAGGING_LABELS["udpos"], NER_LRS, (3e-5, 128), 128, ("accuracy",)),
-    "xquad": Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match")),
-    "mlqa": Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match")),
-    "tydiqa": Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match")),
+    **dict.fromkeys(("xquad", "mlqa", "tydiqa"), Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match"))),
 }
 
 
@@ -90,11 +81,10 @@ class FinetuneConfig:
     config: str = flag("", f"instead of --init, random weights: {', '.join(CONFIGS)}")
     tokenizer: str = flag("", "SentencePiece model (default: the --init's)")
     train: str = flag("", "the English training file", GIVEN)
-    train_fraction: float = flag(1.0, "train on this first part of --train; evaluate the rest of every (parallel) "
-                                      "--eval file", (lambda v: 0 < v <= 1, "in (0, 1]"))
+    train_fraction: float = flag(1.0, "train on this first part of --train, evaluate --eval on the rest",
+                                 (lambda v: 0 < v <= 1, "in (0, 1]"))
     max_train: int = flag(0, "use only the first N training examples (0: all)", at_least(0))
-    eval: list[str] = flag([], "FILE or LANG=FILE (default LANG: the code in the file's name or folder, or its "
-                               "language column)", GIVEN)
+    eval: list[str] = flag([], "FILE or LANG=FILE (without LANG=: the file's language column, name or folder)", GIVEN)
     max_eval: int = flag(0, "evaluate only the first N examples per language (0: all)", at_least(0))
     out_dir: str = flag("out/finetune", "fine-tuned models and results.json")
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
@@ -103,12 +93,10 @@ class FinetuneConfig:
     max_query_length: int = flag(64, "QA: question pieces kept", POSITIVE)
     max_answer_length: int = flag(30, "QA: longest answer span decoded, in pieces", POSITIVE)
     n_best: int = flag(20, "QA: start and end candidates per window", POSITIVE)
-    batch_size: int = flag(0, "training sequences per step, over all processes (0: Table 10's 32, or Table 15's "
-                              "for RemBERT)", at_least(0))
+    batch_size: int = flag(0, "training sequences per step, all processes (0: 32; RemBERT: Table 15's)", at_least(0))
     eval_batch_size: int = flag(64, "evaluation sequences per process and step", POSITIVE)
     epochs: int = flag(3, "passes over the training data (Table 10: 3)", POSITIVE)
-    lr: list[float] = flag([], "peak learning rates, one run each, the best reported (default: Table 10's, or "
-                               "15's for RemBERT)", POSITIVE)
+    lr: list[float] = flag([], "peak learning rates, a run each, the best reported (default: Table 10/15)", POSITIVE)
     warmup_fraction: float = flag(0.1, "fraction of the steps spent warming up", FRACTION)
     weight_decay: float = flag(0.01, "AdamW weight decay (not on biases, LayerNorm)", at_least(0))
     max_grad_norm: float = flag(1.0, "clip the global gradient norm to this", POSITIVE)
@@ -117,8 +105,7 @@ class FinetuneConfig:
     keep_layers: int = flag(0, "keep only the encoder's first K layers (Figure 1; 0: all)", at_least(0))
     log_every: int = flag(20, "steps between log lines", POSITIVE)
     checkpoint_every: int = flag(500, "steps between saves of the training state", POSITIVE)
-    resume: bool = flag(False, "continue the runs in --out-dir: finished ones keep their scores, an interrupted "
-                               "one its state")
+    resume: bool = flag(False, "continue the runs in --out-dir: finished ones keep their scores, the rest their state")
 
     def __post_init__(self):
         check_flags(self)
@@ -161,19 +148,15 @@ class PredictConfig:
 
 def to_tensors(features, seq_len, pad_id):
     """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
-    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids, -100 (ignored by the loss) elsewhere."""
-    n = len(features)
-    out = {"attention_mask": torch.zeros(n, seq_len, dtype=torch.long)}
-    for key in features[0]:
-        if isinstance(features[0][key], list):
-            out[key] = torch.full((n, seq_len), {"input_ids": pad_id, "token_type_ids": 0}.get(key, -100),
-                                  dtype=torch.long)
-            for i, f in enumerate(features):
-                out[key][i, :len(f[key])] = torch.tensor(f[key], dtype=torch.long)
+    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
+    features = [{**f, "attention_mask": [1] * len(f["input_ids"])} for f in features]
+    pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
+    out = {}
+    for key, value in features[0].items():
+        if isinstance(value, list):
+            out[key] = torch.tensor([f[key] + [pads.get(key, -100)] * (seq_len - len(f[key])) for f in features])
         else:
-            out[key] = torch.tensor([f[key] for f in features], dtype=torch.long)
-    for i, f in enumerate(features):
-        out["attention_mask"][i, :len(f["input_ids"])] = 1
+            out[key] = torch.tensor([f[key] for f in features])
     return out
 
 
@@ -192,9 +175,8 @@ def pair_features(tokenizer, examples, labels, seq_len):
 
 
 def tagging_features(tokenizer, examples, labels, seq_len):
-    """One row per sentence: [CLS] pieces of each word [SEP], a word's label on its first piece (-100 elsewhere;
-    0 without gold labels, which marks the words for tagging_predictions). A word with no pieces gets [UNK];
-    words past seq_len - 2 pieces are cut, counted in a warning and predicted as labels[0]."""
+    """One row per sentence: [CLS] each word's pieces ([UNK] for none) [SEP], its label on the first piece (-100
+    elsewhere; 0 without gold labels, marking the words for tagging_predictions). Words past seq_len are cut."""
     features, cut = [], 0
     for e in examples:
         ids, row_labels = [tokenizer.cls_id], [-100]
@@ -214,8 +196,7 @@ def tagging_features(tokenizer, examples, labels, seq_len):
 
 
 def tagging_predictions(examples, tensors, predictions, labels):
-    """(N, T) predicted label indices -> one list of labels per example, one label per word: the prediction at
-    the word's first piece (where tensors["labels"] is not -100)."""
+    """(N, T) predicted label indices -> per example, a label per word: the one at its first piece (labels != -100)."""
     out = []
     for e, gold, predicted in zip(examples, tensors["labels"], predictions):
         words = [labels[i] for i in predicted[gold != -100].tolist()]
@@ -309,7 +290,7 @@ def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer
 
 
 def features(task, tokenizer, examples, settings, training):
-    """-> (tensors: dict of (N, ...) tensors, each row one sequence; meta for `decode`)."""
+    """-> (tensors: dict of (N, ...) tensors, each row one sequence; meta for `decode_spans`)."""
     if task.kind == "classification":
         return pair_features(tokenizer, examples, task.labels, settings["seq_len"]), None
     if task.kind == "tagging":
@@ -338,7 +319,7 @@ def build_encoder(cfg, log):
         if cfg.keep_layers > encoder.config.num_layers:
             raise DataError(f"--keep-layers {cfg.keep_layers}: the encoder has {encoder.config.num_layers} layers")
         encoder.layers = encoder.layers[:cfg.keep_layers]
-        encoder.config = dataclasses.replace(encoder.config, num_layers=cfg.keep_layers)
+        encoder.config = replace(encoder.config, num_layers=cfg.keep_layers)
         log(f"kept the first {cfg.keep_layers} layers (Figure 1)")
     return encoder
 
@@ -359,8 +340,7 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     save_hf(model, path)
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
-    info["sha256"] = {name: data.sha256(os.path.join(path, name))
-                      for name in ("model.safetensors", "sentencepiece.model")}
+    info["sha256"] = {n: data.sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model")}
     data.write_json(os.path.join(path, "finetune.json"), info)
 
 
@@ -407,16 +387,12 @@ def read_examples(task, path, labelled=True):
 
 
 def by_language(examples, spec):
-    """{language: examples} of an --eval file: from its language column (XNLI 1.0's own files) or question ids
-    (TyDiQA-GoldP's), else one language, from LANG=FILE or the file's name or folder (dev-de.tsv,
-    xquad.de.json, x-final/de/dev_2k.tsv)."""
+    """{language: examples} of an --eval file: by its language column (XNLI 1.0) or question ids (TyDiQA-GoldP),
+    else one language from LANG=FILE or the file's name or folder (dev-de.tsv, xquad.de.json, x-final/de/dev_2k.tsv)."""
     languages = [getattr(e, "language", None) or evaluate.TYDI_LANGUAGES.get(getattr(e, "id", "").split("-")[0])
                  for e in examples]
-    if all(languages):
-        groups = {}
-        for e, lang in zip(examples, languages):
-            groups.setdefault(lang, []).append(e)
-        return groups
+    if all(languages):  # in the order they first appear
+        return {lang: [e for e, its in zip(examples, languages) if its == lang] for lang in dict.fromkeys(languages)}
     name, path = spec.split("=", 1) if "=" in spec else (None, spec)
     for part in (os.path.basename(path), os.path.basename(os.path.dirname(path))):
         codes = {t for t in re.split(r"[-._]", part) if re.fullmatch(r"[a-z]{2}", t)}
@@ -459,8 +435,7 @@ def eval_sets(cfg, task, held_out):
 
 
 # ----------------------------------------------------------------------------------------------
-# Training and prediction, with static shapes: whole training batches only (the last partial one
-# of each epoch is dropped), evaluation batches padded to full size (padding rows are cut after)
+# Training and prediction, with static shapes: an epoch's last partial batch is dropped, evaluation's padded
 
 def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
     """Fine-tune `model` in place, saving the training state (weights, optimizer, step, RNGs) to `state_path`
@@ -565,8 +540,7 @@ def predict_examples(model, tokenizer, task, examples, settings, batch_size, run
 
 
 def predict_file(cfg):
-    """`python finetune.py predict` in the official formats: a label per line (xnli, pawsx), token<TAB>label
-    with a blank line between sentences (panx, udpos), or {question id: answer} (QA)."""
+    """`python finetune.py predict`, written in the official formats (those `evaluate.py score` reads)."""
     model, tokenizer, info = load_finetuned(cfg.model)
     task = TASKS[cfg.task]
     if cfg.task != info["task"] and not task.kind == TASKS[info["task"]].kind == "qa":  # SQuAD -> MLQA is fine
@@ -588,8 +562,7 @@ def predict_file(cfg):
 # The zero-shot table
 
 def with_defaults(cfg, encoder_config, log):
-    """Appendix A.3's defaults for what --lr, --batch-size and --seq-len leave open: Table 10's learning-rate
-    sweep at batch 32, or for an encoder of RemBERT's shape Table 15's rate and batch; said, not silent."""
+    """Appendix A.3's defaults (Table 10's, or Table 15's for RemBERT's shape) for --lr, --batch-size, --seq-len."""
     task, rembert = TASKS[cfg.task], CONFIGS["rembert"]
     shape = (encoder_config.hidden_size, encoder_config.intermediate_size)
     if shape == (rembert.hidden_size, rembert.intermediate_size):
@@ -598,8 +571,7 @@ def with_defaults(cfg, encoder_config, log):
         lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
     log(f"defaults: {source}: learning rates {', '.join(f'{lr:g}' for lr in lrs)}, batch {batch_size}"
         + (f" (overridden: --lr {cfg.lr} --batch-size {cfg.batch_size})" if cfg.lr or cfg.batch_size else ""))
-    return dataclasses.replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size,
-                               seq_len=cfg.seq_len or task.seq_len)
+    return replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size, seq_len=cfg.seq_len or task.seq_len)
 
 
 def check_out_dir(cfg, runtime, log):
@@ -652,11 +624,9 @@ def run(cfg):
     base = build_encoder(cfg, log)  # read once; every run starts from a copy (from fresh weights with --config)
     cfg = with_defaults(cfg, base.config, log)
     if cfg.seq_len > base.config.max_position_embeddings:
-        raise DataError(f"--seq-len {cfg.seq_len} exceeds the encoder's {base.config.max_position_embeddings} "
-                        f"positions")
+        raise DataError(f"--seq-len {cfg.seq_len}: the encoder has {base.config.max_position_embeddings} positions")
     log(f"finetune config: {asdict(cfg)}")
     settings = {k: getattr(cfg, k) for k in SETTINGS}
-    # --tokenizer, or the one saved with --init (the same, when both are there)
     tokenizer = data.tokenizer_for(cfg.init, cfg.tokenizer) if cfg.init else data.Tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > base.config.vocab_size:
         raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces, more than the model's vocab_size "
@@ -673,9 +643,8 @@ def run(cfg):
         + ", ".join(f"{lang} ({len(examples)})" for lang, examples in evals.items()))
     check_out_dir(cfg, runtime, log)
 
-    sweep = {}  # lr -> seed -> {language: {metric: value}}
+    sweep = {lr: {} for lr in cfg.lr}  # lr -> seed -> {language: {metric: value}}
     for lr in cfg.lr:
-        sweep[lr] = {}
         for seed in cfg.seeds:
             run_dir = os.path.join(cfg.out_dir, f"lr-{lr!r}", f"seed-{seed}")  # the exact rate: 1e-3 is lr-0.001
             scores_path = os.path.join(run_dir, "scores.json")
@@ -714,11 +683,11 @@ def run(cfg):
         log("learning rates: " + ", ".join(f"{lr!r}: {tables[lr]['average'][metric]:.2f}" for lr in cfg.lr)
             + f" (average {metric}); best {best!r}")
     evaluate.print_table(f"{cfg.task}: fine-tuned on {os.path.basename(cfg.train)}, zero-shot, lr {best!r}, "
-                f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
+                         f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")
         data.write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
-                          "per_lr": {repr(lr): table for lr, table in tables.items()}})
+                               "per_lr": {repr(lr): table for lr, table in tables.items()}})
         log(f"wrote {path}")
     return tables[best]
 
