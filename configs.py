@@ -15,6 +15,7 @@ import os
 import sys
 import typing
 from dataclasses import MISSING, field, fields, replace
+from functools import partial
 
 import torch
 
@@ -26,15 +27,7 @@ MBERT = ModelConfig(vocab_size=120_000, hidden_size=768, num_layers=12, num_head
                     pretraining_only_layers=0, dropout=0.0)
 # English BERT-base (Appendix A.6): a 30k vocabulary, BERT's dropout.
 BERT_BASE = replace(MBERT, vocab_size=30_000, dropout=0.1)
-
-
-def mbert(**changes):
-    return replace(MBERT, **changes)
-
-
-def bert(**changes):
-    return replace(BERT_BASE, **changes)
-
+mbert, bert = partial(replace, MBERT), partial(replace, BERT_BASE)  # a row: the shape with its changes
 
 CONFIGS = {
     # Table 2: coupling. The baseline ties the 768-wide input and output embeddings (mBERT).
@@ -231,6 +224,12 @@ def run_script(main):
         main()
     except (DataError, OSError, FloatingPointError) as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    except RuntimeError as e:  # out of memory: on a GPU torch's own error, on the CPU its allocator's
+        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+            raise
+        print(f"{sys.argv[0]}: error: out of memory ({str(e).splitlines()[0]}); a smaller model, "
+              f"--batch-size or --seq-len needs less", file=sys.stderr)
         sys.exit(2)
 
 

@@ -661,9 +661,6 @@ def read_pairs(path, labels=None, labelled=False):
     return examples
 
 
-_LANG_PREFIX = re.compile(r"^[a-z]{2,3}:")
-
-
 def read_tagging(path, labels=None, labelled=False, spaces=True):
     """PAN-X / UD-POS: token<TAB>label lines, a blank line between sentences. A file without labels (tokens
     alone) is refused when labelled=True; spaces=False refuses a token holding a space (PAN-X's never do;
@@ -692,7 +689,7 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
         sentences.append(current)
     if not sentences:
         raise DataError(f"{path}: no sentences")
-    prefixes = {(_LANG_PREFIX.match(f[0]) or [None])[0] for s in sentences for _, f in s}
+    prefixes = {(re.match(r"[a-z]{2,3}:", f[0]) or [None])[0] for s in sentences for _, f in s}
     cut = len(next(iter(prefixes))) if len(prefixes) == 1 and None not in prefixes else 0
     return [TaggingExample([f[0][cut:] for _, f in s], [f[1] for _, f in s] if width == 2 else None,
                            f"{path}:{s[0][0]}") for s in sentences]

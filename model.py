@@ -276,15 +276,9 @@ class SequenceClassifier(nn.Module):
         return logits, None if labels is None else F.cross_entropy(logits.float(), labels)
 
 
-class TokenClassifier(nn.Module):
-    """Tagging (NER, POS): a label per piece; labels -100 (non-first pieces, specials, padding) are ignored."""
-
-    def __init__(self, encoder, num_labels, dropout=0.1):
-        super().__init__()
-        self.encoder = encoder
-        self.dropout = nn.Dropout(dropout)
-        self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
-        init_weights(self.classifier)
+class TokenClassifier(SequenceClassifier):
+    """Tagging (NER, POS): the same layers at every piece, not the pooled [CLS]; labels -100 (non-first pieces,
+    specials, padding) are ignored."""
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
         logits = self.classifier(self.dropout(self.encoder(input_ids, token_type_ids, attention_mask)))

@@ -123,10 +123,8 @@ class Runtime:
     def is_main(self):
         return self.rank == 0
 
-    def autocast(self):
-        if self.kind == "cuda":
-            return torch.autocast("cuda", dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+    def autocast(self):  # bf16 on CUDA; a no-op elsewhere
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.kind == "cuda")
 
     def wrap_model(self, model):
         """Move to the device; DDP across torchrun processes. On XLA the replicas stay plain

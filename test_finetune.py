@@ -6,9 +6,10 @@ are refused by name; the saved model predicts with `finetune.py predict`, and `e
 reproduces the table."""
 
 import json
+import re
+import shutil
 import subprocess
 import sys
-import re
 from pathlib import Path
 
 import pytest
@@ -50,8 +51,10 @@ def files(tmp_path_factory):
     (root / "pairs-en.tsv").write_text("\n".join(PAIRS) + "\n")
     (root / "tags-en.tsv").write_text(TAGGED)
     (root / "squad-en.json").write_text(json.dumps(SQUAD))
-    for name in ("pairs-en.tsv", "tags-en.tsv", "squad-en.json"):  # to evaluate on: --eval is never --train
-        (root / f"dev-{name}").write_text((root / name).read_text())
+    # To evaluate on: the same examples in another order (an --eval file with --train's bytes is refused).
+    (root / "dev-pairs-en.tsv").write_text("\n".join(reversed(PAIRS)) + "\n")
+    (root / "dev-tags-en.tsv").write_text("\n\n".join(reversed(TAGGED.strip("\n").split("\n\n"))) + "\n")
+    (root / "dev-squad-en.json").write_text(json.dumps(SQUAD, indent=1))
     text = [line.replace("\t", " ") for line in PAIRS] + [SQUAD["data"][0]["paragraphs"][0]["context"]]
     text += [qa["question"] for qa in SQUAD["data"][0]["paragraphs"][0]["qas"]]
     text += [" ".join(line.split("\t")[0] for line in TAGGED.split("\n") if line)]
@@ -155,7 +158,7 @@ def test_command_line_errors_are_clear(files, capsys):
         parse_command_line(finetune.__doc__, finetune.FinetuneConfig, ["--resume", "--no-resume"])
     assert "--resume is given twice" in capsys.readouterr().err
     unnamed = root / "pairs.tsv"
-    unnamed.write_text((root / "pairs-en.tsv").read_text())
+    unnamed.write_text((root / "dev-pairs-en.tsv").read_text())
     with pytest.raises(DataError, match="--eval .*pairs.tsv: cannot tell the language"):
         run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
             "--eval", unnamed, *SMALL_ARGS)
@@ -287,7 +290,7 @@ def test_resume_refuses_files_changed_at_the_same_path(files, hf_dir, tmp_path):
     root, _ = files
     train, evaluation = tmp_path / "train-en.tsv", tmp_path / "dev-de.tsv"
     train.write_text("\n".join(PAIRS) + "\n")
-    evaluation.write_text("\n".join(PAIRS) + "\n")
+    evaluation.write_text("\n".join(reversed(PAIRS)) + "\n")
     init = tmp_path / "init"
     init.mkdir()
     for name in ("config.json", "model.safetensors", "sentencepiece.model"):
@@ -485,6 +488,9 @@ def test_evaluation_sets_that_would_mislead_are_refused(files, tmp_path):
             "--out-dir", tmp_path, *SMALL_ARGS]
     with pytest.raises(DataError, match="is the --train file; hold part of it out with --train-fraction"):
         run(*args, "--eval", root / "." / "pairs-en.tsv")  # scores of what it trained on
+    shutil.copyfile(root / "pairs-en.tsv", tmp_path / "copy-en.tsv")
+    with pytest.raises(DataError, match="is the --train file"):  # the same examples under another name
+        run(*args, "--eval", tmp_path / "copy-en.tsv")
     with pytest.raises(DataError, match="two sets for 'average'"):  # the name of the table's last row
         run(*args, "--eval", f"average={root / 'dev-pairs-en.tsv'}")
 
@@ -701,7 +707,7 @@ def test_tagging_with_two_processes_trains_as_one(files, tmp_path):
     root, spm = files
     tags = tmp_path / "tags-en.tsv"
     tags.write_text("Paris\tB-LOC\n\n" + TAGGED + "\nBerlin\tB-LOC\nand\tO\nRome\tB-LOC\n")
-    (tmp_path / "dev-en.tsv").write_text(tags.read_text())
+    (tmp_path / "dev-en.tsv").write_text(TAGGED)
     args = ["--task", "panx", "--config", "tiny", "--tokenizer", spm, "--train", tags,
             "--eval", tmp_path / "dev-en.tsv", "--epochs", "2", "--batch-size", "4", "--seq-len", "32", "--lr", "1e-2", "--dropout", "0",
             "--device", "cpu"]

@@ -131,6 +131,13 @@ def test_a_device_that_is_not_there_is_one_line_and_exit_2():
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
+
+def test_a_model_too_large_for_memory_is_one_line_and_exit_2(tokenizer, tmp_path):
+    # 10^12 x 64 float32 input embeddings: 256 TB, more than any address space holds, so every allocator refuses
+    args = tiny_args(tokenizer, tmp_path, "--vocab-size", str(10 ** 12))
+    out = subprocess.run([sys.executable, "pretrain.py", *args], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "out of memory" in out.stderr, out.stderr
+
 def test_pretraining_batches_hold_no_padding_rows(tokenizer, tmp_path, monkeypatch):
     """Every row pretrain.py trains on is a full sequence with its share of masked positions."""
     seen = []
