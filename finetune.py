@@ -587,7 +587,8 @@ def check_out_dir(cfg, runtime, log):
     files = [ours["init"], ours["tokenizer"], ours["train"], *(spec.split("=", 1)[-1] for spec in ours["eval"])]
     read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model")  # of an --init dir
     files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
-    ours["sha256"] = {f: data.sha256(f) for f in files if os.path.isfile(f)}
+    digests = {f: data.sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
+    ours["sha256"] = runtime.gather_object(digests)[0]  # read once, by rank 0 (an --init may be gigabytes)
     runs = [path for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")
             for path in glob.glob(os.path.join(cfg.out_dir, name))]
     if not runs:
