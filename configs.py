@@ -225,10 +225,11 @@ def run_script(main):
     except (DataError, OSError, FloatingPointError) as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    except RuntimeError as e:  # out of memory: on a GPU torch's own error, on the CPU its allocator's
-        if not isinstance(e, torch.OutOfMemoryError) and "can't allocate memory" not in str(e):
+    except RuntimeError as e:  # out of memory: torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU and XLA
+        said = str(e)
+        if not any(s in said.lower() for s in ("out of memory", "can't allocate memory", "resource_exhausted")):
             raise
-        print(f"{sys.argv[0]}: error: out of memory ({str(e).splitlines()[0]}); a smaller model, "
+        print(f"{sys.argv[0]}: error: out of memory ({said.splitlines()[0]}); a smaller model, "
               f"--batch-size or --seq-len needs less", file=sys.stderr)
         sys.exit(2)
 

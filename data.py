@@ -677,8 +677,8 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
             continue
         fields = line.split("\t")
         if len(fields) != width or not fields[0]:
-            raise DataError(f"{path}:{number}: {len(fields)} tab-separated fields; expected "
-                            f"{'token<TAB>label' if width == 2 else 'a token'}")
+            found = "an empty token" if len(fields) == width else f"{len(fields)} tab-separated fields"
+            raise DataError(f"{path}:{number}: {found}; expected {'token<TAB>label' if width == 2 else 'a token'}")
         if not spaces and " " in fields[0]:
             raise DataError(f"{path}:{number}: the token {fields[0][:40]!r} holds a space; expected one token "
                             f"per line{' and its label' if width == 2 else ''}")

@@ -5,8 +5,8 @@ This file holds the official metrics of those tasks, re-implemented so that they
 scripts' figures to the last digit (figures in percent, as those scripts print them):
 
   xnli, pawsx          accuracy
-  panx                 entity-level precision / recall / F1 with conlleval semantics
-  udpos                token-level accuracy (XTREME lists it as "F1")
+  panx                 entity-level precision / recall / F1 of seqeval (XTREME's evaluate.py)
+  udpos                the same seqeval F1 over part-of-speech tags, as XTREME reports it; token accuracy too
   xquad, tydiqa        exact match / F1 of the SQuAD v1.1 script (evaluate-v1.1.py)
   mlqa                 exact match / F1 of the MLQA script (mlqa_evaluation_v1.py): per-language answer
                        normalization
@@ -161,18 +161,19 @@ def qa_scores(dataset, predictions, lang=None):
 # Tagging and classification.
 
 def entities(tags):
-    """Chunks (type, first, last) of one sentence's IOB1/IOB2 tags, found as conlleval (and seqeval's default
-    mode) finds them: a chunk ends before B-, O or a change of type; an I- after O or after another type
-    starts a new chunk."""
+    """Chunks (type, first, last) of a tag sequence, found as seqeval's default mode finds them (XTREME's
+    evaluate.py scores panx and udpos with seqeval): a tag's first character is its prefix, what follows its
+    first "-" its type. For IOB tags that is conlleval's reading: a chunk ends before B-, O or a change of type,
+    and an I- after O or after another type starts one. Part-of-speech tags read the same way ("NOUN": prefix N,
+    type "OUN"), so a run of one tag is one chunk, and "SCONJ" or "SYM" (prefix S) a chunk of one token."""
     chunks = []
     prev_tag, prev_type, start = "O", "", 0
     for i, label in enumerate(list(tags) + ["O"]):
-        tag, _, type_ = label.partition("-")
-        if label != "O" and tag not in ("B", "I"):
-            raise ValueError(f"tag {label!r} at position {i} is neither O nor B-TYPE / I-TYPE")
-        if prev_tag != "O" and (tag != "I" or type_ != prev_type):
+        tag, type_ = label[0], label[1:].split("-", 1)[-1] or "_"
+        if (prev_tag in "ES" or (prev_tag in "BI" and tag in "BSO")
+                or (prev_tag not in "O." and prev_type != type_)):
             chunks.append((prev_type, start, i - 1))
-        if tag == "B" or (tag == "I" and (prev_tag == "O" or type_ != prev_type)):
+        if tag in "BS" or (prev_tag in "ESO" and tag in "EI") or (tag not in "O." and prev_type != type_):
             start = i
         prev_tag, prev_type = tag, type_
     return chunks
@@ -187,25 +188,23 @@ def _check_parallel(gold, predicted):
 
 
 def ner_scores(gold, predicted):
-    """Entity-level precision / recall / F1 (percent) over sentences of IOB tags, computed as conlleval does:
-    an entity is correct only when its type and both boundaries match."""
+    """Precision / recall / F1 (percent) over sentences of tags, computed as seqeval and XTREME do: the
+    sentences joined with an "O" between them, a chunk correct only when its type and both boundaries match."""
     _check_parallel(gold, predicted)
-    gold_entities = {(s, *chunk) for s, tags in enumerate(gold) for chunk in entities(tags)}
-    predicted_entities = {(s, *chunk) for s, tags in enumerate(predicted) for chunk in entities(tags)}
+    joined = ([tag for tags in sentences for tag in [*tags, "O"]] for sentences in (gold, predicted))
+    gold_entities, predicted_entities = (set(entities(tags)) for tags in joined)
     correct = len(gold_entities & predicted_entities)
-    precision = 100.0 * correct / len(predicted_entities) if predicted_entities else 0.0
-    recall = 100.0 * correct / len(gold_entities) if gold_entities else 0.0
+    precision = correct / len(predicted_entities) if predicted_entities else 0.0
+    recall = correct / len(gold_entities) if gold_entities else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
-    return {"precision": precision, "recall": recall, "f1": f1, "gold_entities": len(gold_entities),
+    return {"precision": precision * 100, "recall": recall * 100, "f1": f1 * 100, "gold_entities": len(gold_entities),
             "predicted_entities": len(predicted_entities), "correct_entities": correct}
 
 
 def pos_scores(gold, predicted):
-    """Token-level accuracy (percent) over sentences of tags; XTREME's tables call this figure F1."""
-    _check_parallel(gold, predicted)
-    flat_gold = [tag for tags in gold for tag in tags]
-    flat_predicted = [tag for tags in predicted for tag in tags]
-    return {**accuracy(flat_gold, flat_predicted), "tokens": len(flat_gold)}
+    """XTREME's udpos figure, seqeval's F1 over part-of-speech tags (ner_scores), and token accuracy."""
+    flat_gold, flat_predicted = ([tag for tags in s for tag in tags] for s in (gold, predicted))
+    return {**ner_scores(gold, predicted), **accuracy(flat_gold, flat_predicted)}
 
 
 def accuracy(gold, predicted):
@@ -215,7 +214,7 @@ def accuracy(gold, predicted):
     if not gold:
         raise DataError("no examples to score")
     correct = sum(g == p for g, p in zip(gold, predicted))
-    return {"accuracy": 100.0 * correct / len(gold), "correct": correct, "total": len(gold)}
+    return {"accuracy": correct / len(gold) * 100, "correct": correct, "total": len(gold)}
 
 
 def print_table(title, table, log):
@@ -292,6 +291,10 @@ def score_files(task, gold_path, predictions_path, lang=None):
     if task == "mlqa" and lang not in MLQA_LANGUAGES:
         raise DataError(f"--lang must be one of {', '.join(MLQA_LANGUAGES)} for mlqa (its answer normalization "
                         f"depends on the language), got {lang!r}")
+    named = re.search(r"context-([a-z]{2})-question", Path(gold_path).name)  # MLQA's files name their contexts'
+    if task == "mlqa" and named and named[1] != lang:
+        raise DataError(f"--lang {lang}, but {gold_path} holds MLQA's {named[1]} contexts: answers are normalized "
+                        f"in the context's language, so pass --lang {named[1]}")
     gold = data.read_squad(gold_path, check_answers=False)  # the official scripts read only the answers' text
     unanswerable = [e.id for e in gold if not any(a["text"] for a in e.answers)]  # "": answers removed
     if unanswerable:

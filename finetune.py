@@ -69,7 +69,7 @@ TASKS = {
     "pawsx": Task("classification", evaluate.CLASSIFICATION_LABELS["pawsx"], (3e-5, 4e-5, 5e-5), (8e-6, 128), 128,
                   ("accuracy",)),
     "panx": Task("tagging", evaluate.TAGGING_LABELS["panx"], NER_LRS, (8e-6, 64), 128, ("f1", "precision", "recall")),
-    "udpos": Task("tagging", evaluate.TAGGING_LABELS["udpos"], NER_LRS, (3e-5, 128), 128, ("accuracy",)),
+    "udpos": Task("tagging", evaluate.TAGGING_LABELS["udpos"], NER_LRS, (3e-5, 128), 128, ("f1", "accuracy")),
     **dict.fromkeys(("xquad", "mlqa", "tydiqa"), Task("qa", (), SQUAD_LRS, (9e-6, 128), 384, ("f1", "exact_match"))),
 }
 
@@ -114,6 +114,10 @@ class FinetuneConfig:
                              f"({', '.join(CONFIGS)})")
         if self.config and not self.tokenizer:
             raise ValueError("--config (random weights) needs --tokenizer")
+        seq_len = self.seq_len or TASKS[self.task].seq_len
+        if TASKS[self.task].kind == "qa" and seq_len <= self.max_query_length + 3:  # run_squad.py's check
+            raise ValueError(f"--seq-len {seq_len} leaves no room for the context after --max-query-length "
+                             f"{self.max_query_length} and [CLS] [SEP] [SEP]; it must be more than their sum")
         for name, values in (("lr", self.lr), ("seeds", self.seeds)):
             if len(set(values)) < len(values):  # two runs would share one directory, lr-RATE/seed-N
                 raise ValueError(f"--{name} repeats a value ({' '.join(map(str, values))})")
@@ -227,6 +231,8 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
             shown = [k for k, (start, end) in enumerate(offsets) if start < end]
             first = next((k for k in shown if offsets[k][1] > start_char), len(offsets))
             last = max((k for k in shown if offsets[k][0] < end_char), default=-1)
+            if first > last:  # an answer of blanks alone (" ", U+200B) shows in no piece: nothing to point at
+                raise DataError(f"{e.source}: the answer {e.answers[0]['text']!r} covers no piece of the context")
         windows, start = [], 0
         while True:
             windows.append((start, min(room, len(context_ids) - start)))

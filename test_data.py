@@ -471,6 +471,7 @@ def squad_with(**changes):
     ("dev-de.tsv", "Berlin\tB-LOC\tx\n", "tagging", r"dev-de.tsv:1: 3 tab-separated fields"),
     ("dev-de.tsv", "Berlin B-LOC\n", "labelled tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token<TAB>"),
     ("dev-de.tsv", "Berlin\nist\tO\n", "tagging", r"dev-de.tsv:1: 1 tab-separated fields; expected token<TAB>label"),
+    ("dev-de.tsv", "Berlin\tB-LOC\n\tO\n", "tagging", r"dev-de.tsv:2: an empty token; expected token<TAB>label"),
     ("dev-de.tsv", b"Berlin\tB-LOC\n\nK\xf6ln\tB-LOC\n", "tagging", r"dev-de.tsv:3: not UTF-8"),
     # PAN-X's tokens never hold a space: a JSON or space-separated file is not read one line per "token".
     ("x.json", '{\n  "data": [\n', "panx tokens", r"x.json:2: the token '  \"data\": \[' holds a space"),

@@ -220,12 +220,14 @@ def seqeval_start_of_chunk(prev_tag, tag, prev_type, type_):
     return chunk_start
 
 
-def conlleval_figures(correct, guessed, gold):
-    """conlleval's arithmetic: percentages first, then FB1 from them."""
-    precision = 100 * correct / guessed if guessed > 0 else 0
-    recall = 100 * correct / gold if gold > 0 else 0
-    fb1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0
-    return precision, recall, fb1
+def xtreme_tagging_f1(y_true, y_pred):
+    """google-research/xtreme evaluate.py's f1(): seqeval's precision_score, recall_score and f1_score, times 100."""
+    true_entities, pred_entities = set(seqeval_get_entities(y_true)), set(seqeval_get_entities(y_pred))
+    nb_correct, nb_pred, nb_true = len(true_entities & pred_entities), len(pred_entities), len(true_entities)
+    p = nb_correct / nb_pred if nb_pred > 0 else 0
+    r = nb_correct / nb_true if nb_true > 0 else 0
+    score = 2 * p * r / (p + r) if p + r > 0 else 0
+    return {'f1': score * 100, 'precision': p * 100, 'recall': r * 100}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -338,8 +340,7 @@ def test_entities_iob_edge_cases():
     assert entities(["I-ORG", "B-ORG", "I-ORG"]) == [("ORG", 0, 0), ("ORG", 1, 2)]
     assert entities(["O", "O", "B-ORG"]) == [("ORG", 2, 2)]                         # entity at sentence end
     assert entities([]) == []
-    with pytest.raises(ValueError, match="E-PER"):
-        entities(["E-PER"])
+    assert entities(["B-PER", "E-PER", "S-LOC"]) == [("PER", 0, 1), ("LOC", 2, 2)]  # seqeval reads IOBES too
 
 
 def test_ner_scores_hand_worked():
@@ -348,7 +349,6 @@ def test_ner_scores_hand_worked():
                  ["B-ORG", "I-ORG", "O"]]            # ORG boundary wrong
     result = ner_scores(gold, predicted)
     assert (result["correct_entities"], result["predicted_entities"], result["gold_entities"]) == (1, 3, 3)
-    assert (result["precision"], result["recall"], result["f1"]) == conlleval_figures(1, 3, 3)
     assert result["f1"] == pytest.approx(100 / 3)
     # A chunk does not run across a sentence boundary.
     assert ner_scores([["B-PER"], ["I-PER"]], [["B-PER"], ["I-PER"]])["gold_entities"] == 2
@@ -357,27 +357,26 @@ def test_ner_scores_hand_worked():
         ner_scores([["O", "O"]], [["O"]])
 
 
-def test_ner_matches_seqeval_and_conlleval_on_random_tags():
+@pytest.mark.parametrize("task", ["panx", "udpos"])
+def test_tagging_scores_match_xtreme_on_random_tags(task):
     rng = random.Random(0)
-    labels = ["O", "O", "O", "B-PER", "I-PER", "B-LOC", "I-LOC", "I-ORG"]
-    for _ in range(200):
+    labels = evaluate.TAGGING_LABELS[task] + (("O", "O") if task == "panx" else ())
+    for _ in range(300):
         lengths = [rng.randint(0, 8) for _ in range(rng.randint(1, 4))]
         gold = [[rng.choice(labels) for _ in range(n)] for n in lengths]
-        predicted = [[rng.choice(labels) for _ in range(n)] for n in lengths]
-        for tags in gold:
-            assert entities(tags) == seqeval_get_entities(tags)
-        true_set, pred_set = set(seqeval_get_entities(gold)), set(seqeval_get_entities(predicted))
+        predicted = [[rng.choice(labels) if rng.random() < 0.3 else tag for tag in tags] for tags in gold]
         result = ner_scores(gold, predicted)
-        correct = len(true_set & pred_set)
-        assert (result["correct_entities"], result["predicted_entities"], result["gold_entities"]) == (
-            correct, len(pred_set), len(true_set))
-        assert (result["precision"], result["recall"], result["f1"]) == conlleval_figures(
-            correct, len(pred_set), len(true_set))
+        assert {m: result[m] for m in ("f1", "precision", "recall")} == xtreme_tagging_f1(gold, predicted)
+        assert result["gold_entities"] == len(set(seqeval_get_entities(gold)))
 
 
 def test_pos_and_accuracy():
-    assert pos_scores([["NOUN", "VERB"], ["DET"]], [["NOUN", "NOUN"], ["DET"]])["accuracy"] == 100.0 * 2 / 3
-    assert evaluate.accuracy(["0", "1", "1"], ["0", "0", "1"])["accuracy"] == 100.0 * 2 / 3
+    # XTREME's udpos figure is seqeval's F1, which reads "NOUN" as prefix N of type "OUN": a run of one tag is
+    # one chunk, so here no chunk is right though two tokens of three are.
+    result = pos_scores([["NOUN", "NOUN", "VERB"]], [["NOUN", "VERB", "VERB"]])
+    assert result["f1"] == 0.0 and result["accuracy"] == 2 / 3 * 100
+    # As XTREME computes accuracy: float(correct) / len(predictions) * 100 (100 * 2 / 3 differs in the last digit).
+    assert evaluate.accuracy(["0", "1", "1"], ["0", "0", "1"])["accuracy"] == float(2) / 3 * 100
     with pytest.raises(ValueError, match="2 gold labels but 1"):
         evaluate.accuracy(["0", "1"], ["0"])
 
@@ -407,7 +406,7 @@ def test_score_classification(tmp_path, capsys):
     # Quoted fields with doubled quotes (XTREME's csv.writer), and U+001C inside a sentence.
     gold = write(tmp_path / "gold.tsv", 'a\tb\t1\n"say ""hi""\tc\x1cd"\te\t0\nf\tg\t1\n')
     result = run_score(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\n0\n0\n"))
-    assert result["accuracy"] == 100.0 * 2 / 3 and result["total"] == 3 and result["task"] == "pawsx"
+    assert result["accuracy"] == 2 / 3 * 100 and result["total"] == 3 and result["task"] == "pawsx"
     windows = write(tmp_path / "crlf.tsv", b"\xef\xbb\xbf" + gold.read_bytes().replace(b"\n", b"\r\n"))
     assert run_score(capsys, "pawsx", windows, write(tmp_path / "p.txt", "1\r\n0\r\n0\r\n")) == result
     assert "p.txt:2: unknown label 'x'" in score_error(capsys, "pawsx", gold, write(tmp_path / "p.txt", "1\nx\n0\n"))
@@ -455,7 +454,7 @@ def test_score_real_pawsx_and_xnli(capsys, tmp_path):
         first, second = evaluate.CLASSIFICATION_LABELS[task][:2]
         predicted = [second if label == first else first for label in labels[:10]] + labels[10:]  # 10 wrong
         result = run_score(capsys, task, gold, write(tmp_path / "p.txt", "\n".join(predicted) + "\n"))
-        assert result["total"] == len(labels) and result["accuracy"] == 100.0 * (len(labels) - 10) / len(labels)
+        assert result["total"] == len(labels) and result["accuracy"] == (len(labels) - 10) / len(labels) * 100
 
 
 def test_score_tagging(tmp_path, capsys):
@@ -474,7 +473,9 @@ def test_score_tagging(tmp_path, capsys):
         capsys, "panx", gold, write(tmp_path / "bad.tsv", "Anton\tB-PER\nlebt\tO\nin\tO\nBerlin\tO\n\nDas\tO\nUN\tO\n"))
     pos_gold = write(tmp_path / "pos.tsv", "Der\tDET\nHund\tNOUN\n\nbellt\tVERB\n")
     pos_pred = write(tmp_path / "pos_pred.tsv", "Der\tDET\nHund\tVERB\n\nbellt\tVERB\n")
-    assert run_score(capsys, "udpos", pos_gold, pos_pred)["accuracy"] == 100.0 * 2 / 3
+    result = run_score(capsys, "udpos", pos_gold, pos_pred)
+    assert result["accuracy"] == 2 / 3 * 100 and result["f1"] == xtreme_tagging_f1(
+        [["DET", "NOUN"], ["VERB"]], [["DET", "VERB"], ["VERB"]])["f1"]
 
 
 def test_score_real_panx(capsys):
@@ -493,6 +494,8 @@ def test_score_qa(tmp_path, capsys):
     assert squad_result["exact_match"] == 0.0 and squad_result["lang"] == "de"
     assert run_score(capsys, "mlqa", gold, predictions, "--lang", "de")["exact_match"] == 50.0
     assert "--lang must be one of en, es, hi, vi, de, ar, zh for mlqa" in score_error(capsys, "mlqa", gold, predictions)
+    mlqa_zh = write(tmp_path / "dev-context-zh-question-en.json", gold.read_text())
+    assert "pass --lang zh" in score_error(capsys, "mlqa", mlqa_zh, predictions, "--lang", "en")
     assert "duplicate key 'q1'" in score_error(capsys, "tydiqa", gold, write(
         tmp_path / "dup.json", '{"q1": "a", "q1": "b"}'))
     assert "expected a JSON object {question id: answer text}" in score_error(

@@ -183,6 +183,10 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
         finetune.FinetuneConfig(**settings, lr=[0.001, 0.001])
     with pytest.raises(ValueError, match=r"--seeds repeats a value \(0 0\)"):
         finetune.FinetuneConfig(**settings, seeds=[0, 0])
+    # run_squad.py's check, at the start rather than when the first long question is met after training.
+    with pytest.raises(ValueError, match="--seq-len 67 leaves no room for the context after --max-query-length 64"):
+        finetune.FinetuneConfig(**{**settings, "task": "xquad"}, seq_len=67)
+    assert finetune.FinetuneConfig(**{**settings, "task": "xquad"}, seq_len=68).seq_len == 68
     with pytest.raises(ValueError, match="--output is in --model's directory"):
         finetune.PredictConfig(model="run", task="panx", input="x.tsv", output="run/finetune.json")
 
@@ -602,6 +606,14 @@ def test_panx_word_labels_survive_features_and_predictions(tokenizer):
     examples = data.read_tagging(str(SHARED / "ner" / "panx" / "dev-ru.tsv"), TAGGING_LABELS["panx"])
     t = finetune.tagging_features(tokenizer, examples, TAGGING_LABELS["panx"], seq_len=256)
     assert finetune.tagging_predictions(examples, t, t["labels"].clamp(min=0), TAGGING_LABELS["panx"]) == [e.labels for e in examples]
+
+
+def test_a_training_answer_without_a_piece_is_refused(tokenizer):
+    for text in (" ", "\u200b"):  # blanks alone: every window would teach [CLS] as the answer
+        context = f"Paris is{text}the capital."
+        example = data.SquadExample("q", "what?", context, [{"text": text, "answer_start": 8}], 0, "dev.json: 'q'")
+        with pytest.raises(DataError, match=re.escape(f"dev.json: 'q': the answer {text!r} covers no piece")):
+            finetune.squad_features(tokenizer, [example], seq_len=40, doc_stride=10, max_query_length=8, training=True)
 
 
 def test_span_decoding_follows_max_context_n_best_and_max_answer_length(tokenizer):

@@ -131,12 +131,12 @@ def test_a_device_that_is_not_there_is_one_line_and_exit_2():
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
 
-
 def test_a_model_too_large_for_memory_is_one_line_and_exit_2(tokenizer, tmp_path):
     # 10^12 x 64 float32 input embeddings: 256 TB, more than any address space holds, so every allocator refuses
     args = tiny_args(tokenizer, tmp_path, "--vocab-size", str(10 ** 12))
     out = subprocess.run([sys.executable, "pretrain.py", *args], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "out of memory" in out.stderr, out.stderr
+
 
 def test_pretraining_batches_hold_no_padding_rows(tokenizer, tmp_path, monkeypatch):
     """Every row pretrain.py trains on is a full sequence with its share of masked positions."""
@@ -403,6 +403,16 @@ def xla_python():
         subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.9.0", "torch-xla==2.9.0", "numpy",
                         "sentencepiece>=0.2.2", "safetensors"], check=True)
     return str(python)
+
+
+def test_running_out_of_xla_memory_is_said_first():
+    # torch-xla's error is a plain RuntimeError ("Out of memory allocating ...", on a TPU "RESOURCE_EXHAUSTED");
+    # its exit hook then reports the failed computation again and exits 1, which is torch-xla's to decide.
+    code = ("import torch, torch_xla; from configs import run_script; "
+            "run_script(lambda: torch.ones(10 ** 12, 64, device=torch_xla.device()).cpu())")
+    out = subprocess.run([xla_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert out.returncode != 0 and out.stderr.startswith("-c: error: out of memory (Out of memory"), out.stderr
 
 
 def logged(stdout, field):
