@@ -621,14 +621,15 @@ def read_pairs(path, labels=None, labelled=False):
     Python's csv module: a field holding a quote is quoted, its quotes doubled) or, with a header row, the
     original releases (XNLI 1.0's language/gold_label/.../sentence1/sentence2, XNLI-MT's premise/hypo/label,
     PAWS-X's id/sentence1/sentence2/label; quotes are plain characters there). A file without labels (two
-    columns) is refused when labelled=True; `labels`, the task's label set, checks them."""
+    columns, or a header without one) is refused when labelled=True; `labels`, the task's label set, checks them."""
     text = read_text(path)
     header = text.split("\n", 1)[0].split("\t")
     columns = None
-    if {"label", "gold_label"} & set(header):
+    if {"label", "gold_label", "sentence1", "premise"} & set(header):
         names = [("sentence1", "premise"), ("sentence2", "hypo"), ("gold_label", "label"), ("language",)]
         columns = [next((header.index(n) for n in alternatives if n in header), None) for alternatives in names]
-        if None in columns[:3]:
+        needed = 3 if labelled or {"label", "gold_label"} & set(header) else 2  # the label's column, if due
+        if None in columns[:needed]:
             raise DataError(f"{path}:1: a header without sentence1/premise, sentence2/hypo and label columns: {header}")
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t", strict=True,
                         quoting=csv.QUOTE_NONE if columns else csv.QUOTE_MINIMAL)
@@ -649,7 +650,7 @@ def read_pairs(path, labels=None, labelled=False):
             expected = "the header's" if columns else "sentence1<TAB>sentence2" + "<TAB>label" * (width == 3)
             raise DataError(f"{where}: {len(row)} tab-separated fields; expected {width}: {expected}")
         if columns:
-            row = [row[i] for i in columns[:3]] + [row[columns[3]] if columns[3] is not None else None]
+            row = [row[i] if i is not None else None for i in columns]
         else:
             row = row + [None] * (4 - len(row))
         label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])

@@ -465,6 +465,7 @@ def squad_with(**changes):
     ("dev-en.tsv", "a\tb\nc\td\tneutral\n", "pairs", r"dev-en.tsv:1: 2 tab-separated fields; expected 3"),
     ("dev-en.tsv", "a\tb\tentailment\nc\td\tmaybe\n", "pairs", r"dev-en.tsv:2: unknown label 'maybe'"),
     ("dev-en.tsv", "a\tb\n", "labelled pairs", r"dev-en.tsv:1: 2 tab-separated fields; expected 3: sentence1"),
+    ("dev-en.tsv", "id\tsentence1\tsentence2\n1\ta\tb\n", "labelled pairs", r"dev-en.tsv:1: a header without"),
     ("dev-en.tsv", "a\tb\tentailment\n" * 6 + 'c\t"d\tneutral\n' + "e\tf\tneutral\n" * 3, "pairs",
      r"dev-en.tsv:7: .* \(a quote never closed\?\)"),
     ("dev-de.tsv", "Berlin\tB-LOC\n\nist\tO\nschön\tB-ADJ\n", "tagging", r"dev-de.tsv:4: unknown label 'B-ADJ'"),
@@ -502,6 +503,14 @@ def test_task_input_errors_name_the_file_and_line(tmp_path, name, text, reader, 
             "squad": lambda: data.read_squad(str(path))}[reader]
     with pytest.raises(data.DataError, match=message):
         read()
+
+
+def test_a_header_without_labels_is_a_header(tmp_path):
+    # Unlabelled pairs for `predict`, with the releases' column names: the header is no example.
+    for text in ("premise\thypo\nA man.\tA person.\n", "id\tsentence1\tsentence2\n7\tA man.\tA person.\n"):
+        (tmp_path / "p.tsv").write_text(text)
+        assert [(e.sentence1, e.sentence2, e.label) for e in data.read_pairs(str(tmp_path / "p.tsv"))] == [
+            ("A man.", "A person.", None)]
 
 
 def test_a_token_that_str_strip_removes_is_a_token_not_a_sentence_break(tmp_path):
