@@ -105,11 +105,11 @@ class Layer(nn.Module):
 
 
 def attention_bias(attention_mask):
-    """(B, T) 1/0 padding mask -> additive bias (B, 1, 1, T). A large negative number rather than
-    -inf keeps an all-padding row (a padded evaluation batch) finite instead of NaN."""
+    """(B, T) padding mask (non-zero: a token, as transformers reads it) -> additive bias (B, 1, 1, T). A large
+    negative number rather than -inf keeps an all-padding row (a padded evaluation batch) finite instead of NaN."""
     if attention_mask is None:
         return None
-    return (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+    return attention_mask[:, None, None, :].logical_not().float() * torch.finfo(torch.float32).min
 
 
 # ----------------------------------------------------------------------------------------------
@@ -208,7 +208,7 @@ class MaskedLM(nn.Module):
                 masked_positions=None, masked_ids=None, masked_weights=None):
         """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None.
         The loss, when `masked_ids` (B, P) are given, is the `masked_weights`-weighted mean
-        cross-entropy over the predictions (weight 0 marks padding)."""
+        cross-entropy over the predictions (weight 0 marks padding; without weights, transformers' id -100)."""
         x = self.encoder(input_ids, token_type_ids, attention_mask)
         mask = attention_bias(attention_mask)
         for layer in self.pretraining_layers:
@@ -218,10 +218,8 @@ class MaskedLM(nn.Module):
         logits = self.head(x)
         if masked_ids is None:
             return logits, None
-        if masked_weights is None:
-            masked_weights = torch.ones_like(masked_ids, dtype=torch.float32)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), masked_ids.flatten(), reduction="none")
-        weights = masked_weights.flatten().float()
+        weights = (masked_ids != -100 if masked_weights is None else masked_weights).flatten().float()
         return logits, (loss * weights).sum() / weights.sum().clamp(min=1.0)
 
     @classmethod
@@ -246,12 +244,12 @@ class MaskedLM(nn.Module):
         model = cls(config)
         _load_hf_encoder(model.encoder, state, path)
         head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
-        if all(hf in state for hf in head.values()):
-            if config.tie_embeddings and not torch.equal(state[head["decoder.weight"]],
+        if any(hf in state for hf in head.values()):  # a head, then all of it: _copy_tensors names what is missing
+            _copy_tensors(model.head, state, head, path)  # (tied: into the input embedding too, checked next)
+            if config.tie_embeddings and not torch.equal(model.head.decoder.weight,
                                                          state["embeddings.word_embeddings.weight"]):
                 raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
                                 f"differs from its input embedding")
-            _copy_tensors(model.head, state, head, path)
         else:
             warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
         return model
@@ -265,6 +263,8 @@ class SequenceClassifier(nn.Module):
 
     def __init__(self, encoder, num_labels, dropout=0.1):
         super().__init__()
+        if num_labels < 2:  # one class has cross-entropy 0 (transformers reads num_labels 1 as regression)
+            raise ValueError(f"a classifier needs at least 2 labels, got {num_labels}")
         self.encoder = encoder
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(encoder.config.hidden_size, num_labels)
@@ -374,15 +374,16 @@ def hf_name(name, table=_HF_ENCODER):
 
 
 def _read_hf(path):
-    """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names."""
+    """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names. A key
+    config.json lacks takes transformers' default, which is ModelConfig's but for dropout (0 there)."""
     try:
         with open(os.path.join(path, "config.json")) as f:
-            hf = json.load(f)
-        config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items()},
+            hf = {"hidden_dropout_prob": 0.0, **json.load(f)}
+        config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items() if theirs in hf},
                              tie_embeddings=hf.get("tie_word_embeddings", False))
     except (KeyError, TypeError, ValueError, RecursionError) as e:  # (json.JSONDecodeError is a ValueError)
         raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
-    if hf.get("hidden_act", "gelu") != "gelu" or hf.get("is_decoder"):  # a decoder's attention is causal
+    if hf.get("hidden_act", "gelu") not in ("gelu", "gelu_python") or hf.get("is_decoder"):  # (causal attention)
         raise DataError(f"{path}/config.json: supported are encoders (is_decoder false) with hidden_act 'gelu'")
     if hf.get("attention_probs_dropout_prob", config.dropout) != config.dropout:
         warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
@@ -397,6 +398,8 @@ def _read_hf(path):
         state = load_checkpoint(os.path.join(path, "pytorch_model.bin"))
     else:
         raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
+    if not (isinstance(state, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items())):
+        raise DataError(f"{path}: its weights are not a dict of named tensors")
     return config, {k.removeprefix("rembert."): v for k, v in state.items()}
 
 
@@ -416,6 +419,8 @@ def _copy_tensors(module, state, names, path):
 def _load_hf_encoder(encoder, state, path):
     """Copy the encoder's tensors; the pooler (RemBertForMaskedLM saves none) may be absent: returns whether."""
     names = {name: hf_name(name) for name in encoder.state_dict()}
+    if unused := sorted(k for k in state if k.startswith("encoder.layer.") and k not in names.values()):
+        raise DataError(f"{path}: config.json says {encoder.config.num_layers} layers, but it also holds {unused[0]}")
     pooler = "pooler.dense.weight" in state
     if not pooler:  # as transformers does: the pooler keeps its initialisation
         names = {ours: theirs for ours, theirs in names.items() if not ours.startswith("pooler.")}

@@ -40,24 +40,30 @@ def hf_config(config, **extra):
 # --------------------------------------------------------------------------------------------
 # Parity with Hugging Face's implementation (random weights, small configs, no download)
 
-@pytest.mark.parametrize("config", [SMALL, replace(SMALL, output_embedding_size=16)], ids=["eout>ein", "eout<h"])
-def test_masked_lm_matches_transformers(tmp_path, config):
+@pytest.mark.parametrize("config, token", [(SMALL, 1), (replace(SMALL, output_embedding_size=16), 1), (SMALL, 2)],
+                         ids=["eout>ein", "eout<h", "mask-value-2"])
+def test_masked_lm_matches_transformers(tmp_path, config, token):
+    """Hidden states, logits and the masked-LM loss; any non-zero mask value is a token, a -100 label no prediction."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     hf = transformers.RemBertForMaskedLM(hf_config(config)).eval()
     hf.save_pretrained(tmp_path)
     ours = MaskedLM.from_hf(tmp_path).eval()
     input_ids, token_type_ids, attention_mask = batch(config)
+    attention_mask = token * attention_mask
+    labels = torch.full_like(input_ids, -100)
+    labels[:, 2:5] = input_ids[:, 2:5]
+    every_position = torch.arange(input_ids.shape[1]).expand_as(input_ids)
     with torch.no_grad():
-        ref = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+        ref = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask, labels=labels,
                  output_hidden_states=True)
         hidden, states = ours.encoder(input_ids, token_type_ids, attention_mask, output_hidden_states=True)
-        logits, _ = ours(input_ids, token_type_ids, attention_mask)
+        logits, loss = ours(input_ids, token_type_ids, attention_mask, every_position, labels)
     real = attention_mask.bool()
-    # HF's hidden_states[0] is the E_in-wide embedding output; ours is after the projection to H.
-    for layer in range(1, config.num_layers + 1):
+    for layer in range(config.num_layers + 1):  # 0: the embeddings projected to H, in both
         torch.testing.assert_close(states[layer][real], ref.hidden_states[layer][real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits[real], ref.logits[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, ref.loss, atol=1e-5, rtol=1e-5)
 
 
 def test_encoder_and_heads_match_transformers(tmp_path):
@@ -91,6 +97,28 @@ def test_encoder_and_heads_match_transformers(tmp_path):
             torch.testing.assert_close(mine[1], ref.end_logits, atol=1e-5, rtol=1e-5)
         else:
             torch.testing.assert_close(mine[0], ref.logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_config_without_optional_keys_loads_as_transformers_reads_it(tmp_path):
+    """transformers fills a missing key with RemBertConfig's default (dropout 0, layer_norm_eps 1e-12...);
+    its "gelu_python" is the same erf GELU as "gelu"."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    transformers.RemBertModel(hf_config(SMALL)).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("layer_norm_eps", "type_vocab_size", "hidden_dropout_prob", "attention_probs_dropout_prob"):
+        del config[key]
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu_python"}))
+    theirs = transformers.RemBertModel.from_pretrained(tmp_path).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no dropout mismatch to warn about: both are transformers' 0
+        ours = Encoder.from_hf(tmp_path).eval()
+    assert ours.config.dropout == theirs.config.hidden_dropout_prob == 0.0
+    input_ids, token_type_ids, attention_mask = batch(SMALL)
+    with torch.no_grad():
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        torch.testing.assert_close(ours(input_ids, token_type_ids, attention_mask), ref.last_hidden_state,
+                                   atol=1e-5, rtol=1e-5)
 
 
 def test_save_hf_round_trip_masked_lm(tmp_path):
@@ -163,6 +191,26 @@ def test_from_hf_without_head_warns_and_pytorch_bin(tmp_path):
     with pytest.warns(UserWarning, match="no masked-LM head"):
         model = MaskedLM.from_hf(tmp_path)
     assert torch.equal(model.encoder.embeddings.word_embeddings.weight, hf.embeddings.word_embeddings.weight)
+
+
+def test_a_checkpoint_that_disagrees_with_its_config_is_refused(tmp_path):
+    """Part of an MLM head (not none of it), layers the config does not count, or a weights file that is no
+    dict of tensors: a DataError naming it, not a fresh head, a silently shorter model or a traceback."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+    transformers.RemBertForMaskedLM(hf_config(SMALL)).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "cls.predictions.decoder.bias"}, tmp_path / "model.safetensors")
+    with pytest.raises(DataError, match="has no cls.predictions.decoder.bias"):
+        MaskedLM.from_hf(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    with pytest.raises(DataError, match="says 2 layers, but it also holds encoder.layer.2"):
+        Encoder.from_hf(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save([torch.zeros(1)], tmp_path / "pytorch_model.bin")
+    with pytest.raises(DataError, match="its weights are not a dict of named tensors"):
+        Encoder.from_hf(tmp_path)
 
 
 def test_unfactorized_models_export_with_an_identity_projection(tmp_path):
@@ -357,6 +405,8 @@ def test_heads_compute_their_losses():
     assert start.shape == end.shape == (3, 11)
     torch.testing.assert_close(loss, (cross_entropy(start, starts) + cross_entropy(end, ends)) / 2)
     assert SpanExtractor(encoder)(input_ids)[-1] is None
+    with pytest.raises(ValueError, match="at least 2 labels"):  # one class: cross-entropy 0, nothing learnt
+        SequenceClassifier(encoder, 1)
 
 
 def test_heads_train_on_a_toy_task():
