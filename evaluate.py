@@ -265,6 +265,18 @@ def task_scores(task, examples, predictions, lang=None):
     return qa_scores(dataset, predictions, lang if task == "mlqa" else None)
 
 
+def check_mlqa_language(lang, path, said):
+    """MLQA normalizes answers in the language of the contexts: `lang` must be one of MLQA's and the one that
+    an MLQA file's name gives its contexts (dev-context-de-question-en.json: de). `said`: where lang came from."""
+    if lang not in MLQA_LANGUAGES:
+        raise DataError(f"{said} must be one of {', '.join(MLQA_LANGUAGES)} for mlqa (its answer normalization "
+                        f"depends on the language), got {lang!r}")
+    named = re.search(r"context-([a-z]{2})-question", Path(path).name)
+    if named and named[1] != lang:
+        raise DataError(f"{said} is {lang}, but {path} holds MLQA's {named[1]} contexts: answers are normalized in "
+                        f"the context's language, {named[1]}")
+
+
 def score_files(task, gold_path, predictions_path, lang=None):
     """Scores a prediction file against a gold file in the task's format; returns the metrics dict. A gold
     file with a language column (XNLI 1.0's own) adds each language's accuracy under "languages"."""
@@ -288,13 +300,8 @@ def score_files(task, gold_path, predictions_path, lang=None):
             if g.tokens != p.tokens:
                 raise DataError(f"the sentence at {g.source} has other tokens in {predictions_path} ({p.source})")
         return task_scores(task, gold, [p.labels for p in predicted])
-    if task == "mlqa" and lang not in MLQA_LANGUAGES:
-        raise DataError(f"--lang must be one of {', '.join(MLQA_LANGUAGES)} for mlqa (its answer normalization "
-                        f"depends on the language), got {lang!r}")
-    named = re.search(r"context-([a-z]{2})-question", Path(gold_path).name)  # MLQA's files name their contexts'
-    if task == "mlqa" and named and named[1] != lang:
-        raise DataError(f"--lang {lang}, but {gold_path} holds MLQA's {named[1]} contexts: answers are normalized "
-                        f"in the context's language, so pass --lang {named[1]}")
+    if task == "mlqa":
+        check_mlqa_language(lang, gold_path, "--lang")
     gold = data.read_squad(gold_path, check_answers=False)  # the official scripts read only the answers' text
     unanswerable = [e.id for e in gold if not any(a["text"] for a in e.answers)]  # "": answers removed
     if unanswerable:

@@ -195,7 +195,7 @@ def tagging_features(tokenizer, examples, labels, seq_len):
         features.append({"input_ids": ids + [tokenizer.sep_id], "token_type_ids": [0] * (len(ids) + 1),
                          "labels": row_labels + [-100]})
     if cut:
-        warnings.warn(f"{cut} words did not fit in {seq_len} pieces; they are predicted as {labels[0]!r}")
+        warnings.warn(f"{cut} words did not fit in {seq_len} pieces: not trained on, predicted as {labels[0]!r}")
     return to_tensors(features, seq_len, tokenizer.pad_id)
 
 
@@ -346,7 +346,8 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     save_hf(model, path)
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
-    info["sha256"] = {n: data.sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model")}
+    info["sha256"] = {n: data.sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model",
+                                                                       "config.json")}
     data.write_json(os.path.join(path, "finetune.json"), info)
 
 
@@ -394,12 +395,15 @@ def read_examples(task, path, labelled=True):
 
 def by_language(examples, spec):
     """{language: examples} of an --eval file: by its language column (XNLI 1.0) or question ids (TyDiQA-GoldP),
-    else one language from LANG=FILE or the file's name or folder (dev-de.tsv, xquad.de.json, x-final/de/dev_2k.tsv)."""
+    else one language from LANG=FILE or the file's name or folder (dev-de.tsv, xquad.de.json, x-final/de/dev_2k.tsv;
+    MLQA's dev-context-de-question-en.json: de, the language its answers are normalized in)."""
     languages = [getattr(e, "language", None) or evaluate.TYDI_LANGUAGES.get(getattr(e, "id", "").split("-")[0])
                  for e in examples]
     if all(languages):  # in the order they first appear
         return {lang: [e for e, its in zip(examples, languages) if its == lang] for lang in dict.fromkeys(languages)}
     name, path = spec.split("=", 1) if "=" in spec else (None, spec)
+    if not name and (mlqa := re.search(r"context-([a-z]{2})-question", os.path.basename(path))):
+        return {mlqa[1]: examples}
     for part in (os.path.basename(path), os.path.basename(os.path.dirname(path))):
         codes = {t for t in re.split(r"[-._]", part) if re.fullmatch(r"[a-z]{2}", t)}
         if name or len(codes) == 1:
@@ -436,8 +440,8 @@ def eval_sets(cfg, task, held_out):
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]
             if not sets[lang]:
                 raise DataError(f"--eval {spec}: no {lang} examples left to evaluate (all used for training?)")
-            if cfg.task == "mlqa" and lang not in evaluate.MLQA_LANGUAGES:
-                raise DataError(f"--eval {spec}: MLQA scores {', '.join(evaluate.MLQA_LANGUAGES)}, not {lang!r}")
+            if cfg.task == "mlqa":
+                evaluate.check_mlqa_language(lang, path, f"the language of --eval {spec}")
     return sets
 
 
@@ -486,7 +490,7 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
         # (DDP averages the processes' gradients, hence x world_size).
         if "labels" in batch and batch["labels"].ndim == 2 and runtime.world_size > 1:
             tokens = (batch["labels"] != -100).sum().float()
-            loss = loss * tokens * runtime.world_size / runtime.all_reduce_sum(tokens.clone())
+            loss = loss * tokens * runtime.world_size / runtime.all_reduce_sum(tokens.clone()).clamp(min=1)
         loss.backward()
         runtime.optimizer_step(optimizer, cfg.max_grad_norm)
         optimizer.zero_grad(set_to_none=True)

@@ -277,14 +277,15 @@ class SequenceClassifier(nn.Module):
 
 
 class TokenClassifier(SequenceClassifier):
-    """Tagging (NER, POS): the same layers at every piece, not the pooled [CLS]; labels -100 (non-first pieces,
-    specials, padding) are ignored."""
+    """Tagging (NER, POS): the same layers at every piece, not the pooled [CLS]. The loss is the mean over the
+    labelled pieces (labels -100: non-first pieces, specials, padding), 0 when there are none."""
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
         logits = self.classifier(self.dropout(self.encoder(input_ids, token_type_ids, attention_mask)))
         if labels is None:
             return logits, None
-        return logits, F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=-100, reduction="sum")
+        return logits, loss / (labels != -100).sum().clamp(min=1)
 
 
 class SpanExtractor(nn.Module):

@@ -451,6 +451,11 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"seed-0/model.safetensors: damaged"):
         finetune.load_finetuned(saved)
     (saved / "model.safetensors").write_bytes(raw)
+    config = (saved / "config.json").read_text()  # another head count: the same shapes, other outputs
+    (saved / "config.json").write_text(config.replace('"num_attention_heads": 2', '"num_attention_heads": 4'))
+    with pytest.raises(DataError, match=r"seed-0/config.json: damaged"):
+        finetune.load_finetuned(saved)
+    (saved / "config.json").write_text(config)
     # An edited finetune.json (its digests cover the weights and the tokenizer, not the settings themselves).
     info = json.loads((saved / "finetune.json").read_text())
     for edit, message in (({"seq_len": None}, "must be positive integers"), ({"seq_len": 100_000}, "exceeds the model"),
@@ -497,6 +502,11 @@ def test_evaluation_sets_that_would_mislead_are_refused(files, tmp_path):
         run(*args, "--eval", tmp_path / "copy-en.tsv")
     with pytest.raises(DataError, match="two sets for 'average'"):  # the name of the table's last row
         run(*args, "--eval", f"average={root / 'dev-pairs-en.tsv'}")
+    mlqa = tmp_path / "dev-context-zh-question-en.json"  # MLQA scores in its contexts' language (zh), not en
+    shutil.copyfile(root / "dev-squad-en.json", mlqa)
+    with pytest.raises(DataError, match="the language of --eval en=.* is en, but .* holds MLQA's zh contexts"):
+        run("--task", "mlqa", "--config", "tiny", "--tokenizer", spm, "--train", root / "squad-en.json",
+            "--out-dir", tmp_path, *SMALL_ARGS, "--eval", f"en={mlqa}")
 
 
 def test_languages_of_an_evaluation_file():
@@ -505,6 +515,8 @@ def test_languages_of_an_evaluation_file():
     questions = [data.SquadExample(f"{name}-{i}", "?", "c", [], 0, "x") for i, name in enumerate(("arabic", "thai"))]
     assert finetune.by_language(questions, "tydiqa-goldp-v1.1-dev.json") == {"ar": questions[:1], "th": questions[1:]}
     assert list(finetune.by_language([data.PairExample("a", "b", "0", "x")], "x-final/ko/dev_2k.tsv")) == ["ko"]
+    mlqa = [data.SquadExample("5a1b", "?", "c", [], 0, "x")]
+    assert list(finetune.by_language(mlqa, "mlqa/dev-context-de-question-en.json")) == ["de"]  # the contexts'
 
 
 class FakeRuntime:

@@ -400,6 +400,8 @@ def test_heads_compute_their_losses():
     logits, loss = TokenClassifier(encoder, 7)(input_ids, token_type_ids, attention_mask, labels=labels)
     assert logits.shape == (3, 11, 7)
     torch.testing.assert_close(loss, cross_entropy(logits[:, 1], labels[:, 1]))
+    _, loss = TokenClassifier(encoder, 7)(input_ids, labels=torch.full((3, 11), -100))  # no word fits: a zero loss
+    assert loss.item() == 0.0
     starts, ends = torch.tensor([1, 0, 3]), torch.tensor([2, 0, 5])
     start, end, loss = SpanExtractor(encoder)(input_ids, token_type_ids, attention_mask, starts, ends)
     assert start.shape == end.shape == (3, 11)
