@@ -72,8 +72,8 @@ def corpus_files(data):
     else:
         langs = {}
         for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
-            found = [path] if not os.path.isdir(path) else sorted(
-                os.path.join(path, f) for f in os.listdir(path) if f.endswith(".txt"))
+            found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
+                os.path.join(path, f) for f in os.listdir(path) if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", f))
             if not found:
                 raise DataError(f"{path}: no *.txt files in this directory")
             for p in found:
@@ -104,6 +104,9 @@ def count_lines(path):
                 raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, e.start) + 1}: not UTF-8") from None
             if (nul := chunk.find(b"\0")) >= 0:
                 raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, nul) + 1}: a NUL byte: not a text file")
+            if cr := re.search(rb"\r(?!\n)", chunk):  # old Mac line endings: the file would be one line
+                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, cr.start()) + 1}: a carriage return "
+                                f"without a line feed")
             # A chunk starts at a line start: "\n" + chunk puts a "\n" before each of its lines.
             blank += len(re.findall(rb"\n[ \t\r\f\v]*(?=\n|\Z)", NEWLINE + chunk)) - chunk.endswith(NEWLINE)
             size += len(chunk)
@@ -219,7 +222,8 @@ class Tokenizer:
         self.cls_id, self.sep_id, self.mask_id = piece_id(CLS), piece_id(SEP), piece_id(MASK)
         special = np.array([self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i)
                             or self.sp.is_byte(i) for i in range(self.vocab_size)])
-        special[[self.pad_id, self.cls_id, self.sep_id, self.mask_id]] = True
+        self.reserved = {self.pad_id, self.cls_id, self.sep_id, self.mask_id}  # the input format's own pieces
+        special[list(self.reserved)] = True
         self.normal_ids = np.flatnonzero(~special)  # what a "random token" of the 80/10/10 rule may be
         self._blank = {}  # is_blank's answers
 
@@ -436,7 +440,8 @@ class _Stream:
                 return None
             key = (lang, int(st["borrow"]), int(st["pass"]), int(st["chunk"]), int(st["doc"]), int(st["line"]))
             if self.line_key != key:
-                self.line_ids, self.line_key = self.tokenizer.encode(docs[st["doc"]][st["line"]]), key
+                ids = self.tokenizer.encode(docs[st["doc"]][st["line"]])  # "[MASK]" may be [MASK] (user-defined)
+                self.line_ids, self.line_key = [i for i in ids if i not in self.tokenizer.reserved], key
                 st["any"] = st["any"] or len(self.line_ids) > 0
             if st["token"] < len(self.line_ids):
                 piece = self.line_ids[st["token"]:st["token"] + n]

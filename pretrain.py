@@ -194,6 +194,9 @@ class Runtime:
 
     def set_rng_state(self, state):
         torch.set_rng_state(state["torch"])
+        if self.kind != "cpu" and self.kind not in state:  # saved on another kind of device
+            warnings.warn(f"the saved state has no {self.kind} random state: dropout draws differ from the saved run's")
+            return
         if self.kind == "cuda":
             torch.cuda.set_rng_state(state["cuda"], self.device)
         if self.kind == "xla":
@@ -289,16 +292,22 @@ def checkpoint_paths(out_dir):
 
 
 def newest_intact_checkpoint(out_dir, log):
-    """(path, contents) of the newest checkpoint whose every record passes its CRC check; a damaged
-    one is reported and passed over."""
+    """(path, contents) of the newest checkpoint whose every record passes its CRC check and that holds what
+    pretrain.py saves; a damaged one is reported and passed over."""
     damaged = []
     for path in reversed(checkpoint_paths(out_dir)):
         try:
-            return path, load_checkpoint(path)
+            checkpoint = load_checkpoint(path)
+            if not (isinstance(checkpoint, dict) and set(CHECKPOINT) <= checkpoint.keys()):
+                raise DataError(f"{path}: not a pretrain.py checkpoint (it needs {', '.join(CHECKPOINT)})")
+            return path, checkpoint
         except DataError as e:
             log(f"warning: {e}; trying the checkpoint before it")
             damaged.append(os.path.basename(path))
     raise DataError(f"{out_dir}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
+
+
+CHECKPOINT = ("model", "config", "train_config", "optimizer", "step", "loader", "rng")  # and "tokenizer"
 
 
 def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer):
@@ -407,11 +416,17 @@ def train(model_config, cfg):
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
-    if resumed and "tokenizer" in resumed[1] and not os.path.exists(cfg.tokenizer):
-        cfg = dataclasses.replace(cfg, tokenizer=resumed[1]["tokenizer"]["path"])
+    if resumed and not os.path.exists(cfg.tokenizer):  # never a new tokenizer for a run that has one
+        cfg = dataclasses.replace(cfg, tokenizer=resumed[1].get("tokenizer", {}).get("path", "(not recorded)"))
+        if not os.path.exists(cfg.tokenizer):
+            raise DataError(f"{resumed[0]} was trained with the tokenizer {cfg.tokenizer}, which is not there; "
+                            f"pass --tokenizer")
         log(f"--resume: {resumed[0]}'s tokenizer, {cfg.tokenizer}")
     log(f"model config: {asdict(model_config)}")
     log(f"train config: {asdict(cfg)}")
+    if cfg.max_predictions < round(0.15 * cfg.seq_len):  # create_pretraining_data.py's cap, the same
+        log(f"note: --max-predictions {cfg.max_predictions} masks {cfg.max_predictions / cfg.seq_len:.1%} of "
+            f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
     tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
     if runtime.is_main:  # count the corpus's lines in one process; the others read the index it leaves
         line_counts([p for paths in corpus_files(cfg.data).values() for p in paths])
@@ -433,6 +448,10 @@ def train(model_config, cfg):
     step = 0
     if runtime.is_main:
         remove_partial_saves(os.path.join(cfg.out_dir, "ckpt-*.pt.tmp"), log)
+        # The damaged checkpoints resuming passed over: kept, but out of --keep's count and the next --resume's way.
+        for damaged in (p for p in checkpoint_paths(cfg.out_dir) if resumed and p > resumed[0]):
+            os.replace(damaged, damaged + ".damaged")
+            log(f"moved {damaged} (damaged) to {damaged}.damaged")
     if resumed:
         path, checkpoint = resumed
         saved = {**checkpoint["config"], **{k: checkpoint["train_config"].get(k) for k in SAME_ON_RESUME}}

@@ -144,6 +144,24 @@ def test_sampling_probabilities_follow_the_formula():
 # ----------------------------------------------------------------------------------------------
 # Masked-LM stream
 
+def test_special_pieces_in_the_text_never_enter_a_row(tmp_path):
+    """A model whose [CLS], [SEP] and [MASK] are user-defined pieces makes them of that text ("[MASK]" in a
+    sentence); the loader leaves them out, so a row holds [CLS] and [SEP] at its ends alone and no unmasked [MASK]."""
+    corpus = tmp_path / "en.txt"
+    corpus.write_text("".join(f"line {i} says [CLS] and [MASK] then [SEP] of the harbour\n" for i in range(300)))
+    spm.SentencePieceTrainer.train(input=str(corpus), model_prefix=str(tmp_path / "user"), vocab_size=40,
+                                   pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, minloglevel=2,
+                                   pad_piece="[PAD]", user_defined_symbols=["[CLS]", "[SEP]", "[MASK]"])
+    tok = data.Tokenizer(str(tmp_path / "user.model"))
+    assert tok.cls_id in tok.encode("a [CLS] b")  # what the model does with such text
+    for batch in batches_of(data.MLMLoader(str(corpus), tok, batch_size=4, seq_len=32, max_predictions=5), 20):
+        original = restore(batch)
+        assert not torch.isin(original[:, 1:-1], torch.tensor([tok.pad_id, tok.cls_id, tok.sep_id, tok.mask_id])).any()
+        masked = batch["input_ids"] == tok.mask_id
+        assert masked.sum() == sum(int((batch["input_ids"][b, p[w > 0]] == tok.mask_id).sum()) for b, (p, w) in
+                                   enumerate(zip(batch["masked_positions"], batch["masked_weights"])))
+
+
 def test_masking_statistics_full_rows_and_no_special_token_masked(tokenizer):
     loader = data.MLMLoader(str(REPO / "sample_data"), tokenizer, batch_size=8, seq_len=64, max_predictions=12, seed=1)
     counts = Counter()
@@ -371,6 +389,7 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
         "ru.txt": ("первая строка\n\nвторая\n".encode() + b"caf\xe9\n", r"ru.txt:4: not UTF-8"),
         "bin.txt": (b"text\n" + b"\0" * 4096, r"bin.txt:2: a NUL byte: not a text file"),
         "el.txt.gz": (b"\x1f\x8b\x08\x00", r"el.txt.gz: a compressed file"),
+        "mac.txt": (b"one\ntwo\rthree\r", r"mac.txt:2: a carriage return without a line feed"),  # old Mac OS
     }
     for name, (content, message) in cases.items():
         if content is not None:
@@ -380,6 +399,11 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(data.DataError, match=r"empty: no \*.txt files"):
         data.MLMLoader(str(tmp_path / "empty"), tokenizer)
+    (tmp_path / "packed").mkdir()
+    (tmp_path / "packed" / "en.txt").write_text("a line\n")
+    (tmp_path / "packed" / "fr.txt.gz").write_bytes(b"\x1f\x8b\x08\x00")  # in a directory too: not left out
+    with pytest.raises(data.DataError, match=r"fr.txt.gz: a compressed file"):
+        data.MLMLoader(str(tmp_path / "packed"), tokenizer)
     (tmp_path / "empty" / "de.txt").mkdir()
     with pytest.raises(FileNotFoundError, match=r"de.txt: no such file \(a directory\)"):
         data.MLMLoader(str(tmp_path / "empty"), tokenizer)

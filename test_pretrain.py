@@ -258,6 +258,32 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_is_used(tokeniz
         run(tokenizer, tmp_path / "run", "--steps", "8", "--checkpoint-every", "2", "--resume")
 
 
+def test_checkpoints_resuming_passed_over_are_set_aside_not_kept_instead_of_good_ones(tokenizer, tmp_path, capsys):
+    """A newer checkpoint that is damaged, or that holds something else, is passed over, then moved aside:
+    --keep then keeps the checkpoints this run writes, not it."""
+    run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2")
+    newest = tmp_path / "ckpt-00000004.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    torch.save({"step": 9}, tmp_path / "ckpt-00000009.pt")  # intact, but not pretrain.py's
+    run(tokenizer, tmp_path, "--steps", "3", "--checkpoint-every", "1", "--keep", "1", "--resume")
+    out = capsys.readouterr().out
+    assert "ckpt-00000009.pt: not a pretrain.py checkpoint" in out and "resumed from" in out and "at step 2" in out
+    assert f"moved {newest} (damaged) to {newest}.damaged" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "ckpt-00000003.pt", "ckpt-00000004.pt.damaged", "ckpt-00000009.pt.damaged"]
+
+
+def test_fewer_predictions_than_bert_masks_are_said(tokenizer, tmp_path, capsys):
+    run(tokenizer, tmp_path, "--seq-len", "64", "--steps", "2")  # 5 predictions: 7.8%, not 15% of 64 (10)
+    assert "note: --max-predictions 5 masks 7.8% of --seq-len 64, not BERT's 15% (10 pieces)" in capsys.readouterr().out
+
+
+def test_a_run_resumed_on_another_kind_of_device_goes_on_and_says_so():
+    runtime = pretrain.Runtime("cuda", torch.device("cpu"))  # a CPU run's state, resumed on a GPU
+    with pytest.warns(UserWarning, match="the saved state has no cuda random state"):
+        runtime.set_rng_state({"torch": torch.get_rng_state()})
+
+
 def hold_out_dir(out_dir):
     """Another process holding out_dir as a running pretrain.py or finetune.py does (pretrain.claimed)."""
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time, pretrain\nwith pretrain.claimed(sys.argv[1]):\n"
@@ -313,6 +339,14 @@ def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_i
     run(tokenizer, tmp_path / "run", "--tokenizer", str(missing), "--steps", "6", "--resume")  # the last flag wins
     assert f"ckpt-00000004.pt's tokenizer, {os.path.abspath(tokenizer)}" in capsys.readouterr().out
     assert not missing.exists() and final_state(tmp_path / "run")["step"] == 6
+    moved = tmp_path / "moved" / "spm.model"  # the checkpoint's tokenizer gone: named, no new one trained there
+    moved.parent.mkdir()
+    moved.write_bytes(Path(tokenizer).read_bytes())
+    run(str(moved), tmp_path / "moved-run", "--steps", "2", "--checkpoint-every", "2")
+    moved.unlink()
+    with pytest.raises(DataError, match=f"trained with the tokenizer {moved}, which is not there; pass --tokenizer"):
+        run(tokenizer, tmp_path / "moved-run", "--tokenizer", str(missing), "--steps", "4", "--resume")
+    assert not moved.exists() and not missing.exists()
     other = train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "other"))
     with pytest.raises(DataError, match=f"with the tokenizer {os.path.abspath(tokenizer)}; {other} is another one"):
         run(other, tmp_path / "run", "--steps", "4", "--vocab-size", str(Tokenizer(tokenizer).vocab_size), "--resume")
