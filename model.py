@@ -126,10 +126,9 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, input_ids, token_type_ids):
-        T = input_ids.shape[1]
-        if T > self.position_embeddings.num_embeddings:
-            raise ValueError(f"sequence length {T} exceeds max_position_embeddings "
-                             f"{self.position_embeddings.num_embeddings}")
+        T, max_T = input_ids.shape[1], self.position_embeddings.num_embeddings
+        if T > max_T:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings {max_T}")
         # Slicing the table (not an arange) creates no tensor on the host: XLA-safe.
         x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:T]
         x = x + self.token_type_embeddings(token_type_ids)
@@ -303,8 +302,10 @@ class SpanExtractor(nn.Module):
         start_logits, end_logits = logits.unbind(-1)  # (B, T) each
         if start_positions is None or end_positions is None:
             return start_logits, end_logits, None
-        loss = (F.cross_entropy(start_logits, start_positions) + F.cross_entropy(end_logits, end_positions)) / 2
-        return start_logits, end_logits, loss
+        T = start_logits.size(1)  # as transformers: positions (B,) or (B, 1), clamped to [0, T]; T is ignored
+        start, end = (positions.reshape(-1).clamp(0, T) for positions in (start_positions, end_positions))
+        loss = F.cross_entropy(start_logits, start, ignore_index=T) + F.cross_entropy(end_logits, end, ignore_index=T)
+        return start_logits, end_logits, loss / 2
 
 
 # ----------------------------------------------------------------------------------------------
@@ -389,11 +390,10 @@ def _read_hf(path):
     if hf.get("attention_probs_dropout_prob", config.dropout) != config.dropout:
         warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
     if os.path.exists(os.path.join(path, "model.safetensors")):
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
+        import safetensors.torch
         try:
-            state = load_file(os.path.join(path, "model.safetensors"))
-        except SafetensorError as e:
+            state = safetensors.torch.load_file(os.path.join(path, "model.safetensors"))
+        except safetensors.SafetensorError as e:
             raise DataError(f"{path}/model.safetensors: not a readable safetensors file ({e})") from None
     elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
         state = load_checkpoint(os.path.join(path, "pytorch_model.bin"))

@@ -85,18 +85,27 @@ def test_encoder_and_heads_match_transformers(tmp_path):
         "RemBertForTokenClassification": TokenClassifier(ours, num_labels=7),
         "RemBertForQuestionAnswering": SpanExtractor(ours),
     }
+    # With labels, the same losses: answer positions shaped (B, 1), one past the window (ignored), one negative.
+    B, T = input_ids.shape
+    tags = torch.randint(0, 7, (B, T)).masked_fill(attention_mask == 0, -100)
+    labels = {"RemBertForSequenceClassification": {"labels": torch.tensor([0, 2, 1])},
+              "RemBertForTokenClassification": {"labels": tags},
+              "RemBertForQuestionAnswering": {"start_positions": torch.tensor([[3], [T + 4], [-1]]),
+                                              "end_positions": torch.tensor([[5], [T], [2]])}}
     for name, head in heads.items():
         head.eval()
         save_hf(head, tmp_path / name)
         theirs = getattr(transformers, name).from_pretrained(tmp_path / name).eval()
         with torch.no_grad():
-            mine = head(input_ids, token_type_ids, attention_mask)
-            ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+            mine = head(input_ids, token_type_ids, attention_mask, *labels[name].values())
+            ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask,
+                         **{key: value.clone() for key, value in labels[name].items()})  # (they clamp in place)
         if name == "RemBertForQuestionAnswering":
             torch.testing.assert_close(mine[0], ref.start_logits, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(mine[1], ref.end_logits, atol=1e-5, rtol=1e-5)
         else:
             torch.testing.assert_close(mine[0], ref.logits, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(mine[-1], ref.loss, atol=1e-5, rtol=1e-5)
 
 
 def test_a_config_without_optional_keys_loads_as_transformers_reads_it(tmp_path):
