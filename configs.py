@@ -12,6 +12,7 @@ import argparse
 import difflib
 import math
 import os
+import re
 import sys
 import typing
 from dataclasses import MISSING, field, fields, replace
@@ -152,6 +153,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, **kwargs):
         super().__init__(formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False, **kwargs)
+        self._negative_number_matcher = re.compile(r"-\.?\d")  # Python 3.13's: "-1e-3" is a value, not a flag
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")

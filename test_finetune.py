@@ -169,7 +169,8 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
                            (["--warmup-fraction", "nan"], "--warmup-fraction must be in [0, 1), got nan"),
                            (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number, got -1.0"),
                            (["--weight-decay", "-3"], "--weight-decay must be a number >= 0, got -3.0"),
-                           (["--lr", "0"], "--lr must be a positive number, got [0.0]")):
+                           (["--lr", "0"], "--lr must be a positive number, got [0.0]"),
+                           (["--lr", "-1e-3"], "--lr must be a positive number, got [-0.001]")):
         with pytest.raises(SystemExit):
             parse("--task", "panx", "--config", "tiny", "--train", "x", "--eval", "y", *flags)
         assert message in capsys.readouterr().err
