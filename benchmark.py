@@ -27,6 +27,7 @@ import glob
 import json
 import math
 import os
+import re
 import statistics
 import tempfile
 import time
@@ -40,8 +41,15 @@ from model import Encoder, MaskedLM, SequenceClassifier, save_hf
 
 PHASES = ("pretrain", "finetune", "infer")
 NUM_LABELS = 3  # XNLI's
-# Dense (no sparsity) bf16 tensor-core peak from the vendors' data sheets, by device-name substring.
-GPU_BF16_PEAK = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12}
+# Dense (no sparsity) bf16 tensor-core peak from the vendors' data sheets, by the first word(s) of this order
+# in the device's name ("NVIDIA H100 PCIe" is not an SXM H100, "NVIDIA L40S" not an L4, "A10G" not an A10).
+GPU_BF16_PEAK = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12,
+                 "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12}
+
+
+def gpu_peak(device_name):
+    """The data-sheet peak of a GPU of this name, or None for one not in GPU_BF16_PEAK (then no MFU)."""
+    return next((v for k, v in GPU_BF16_PEAK.items() if re.search(rf"\b{k}\b", device_name)), None)
 
 
 def step_flops(config, seq_len, predictions, phase):
@@ -169,18 +177,21 @@ class ModelBenchmark:
     phases: list[str] = flag(list(PHASES), "steps to time", one_of(PHASES))
     batch_size: int = flag(16, "sequences per step", POSITIVE)
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
-    predictions: int = flag(20, "masked-LM slots per sequence", POSITIVE)
+    predictions: int = flag(20, "masked-LM slots per sequence (round(15%) of them real)", POSITIVE)
     steps: int = flag(7, "timed steps per side (interleaved)", POSITIVE)
     warmup: int = flag(2, "untimed steps per side first (optimizer state, compiling)", POSITIVE)
     device: str = flag("cpu", "cpu | cuda (bf16 autocast)", (lambda v: v in ("cpu", "cuda") and resolve_device(v),
                                                              "cpu or cuda"))
-    threads: int = flag(2, "torch.set_num_threads on CPU", POSITIVE)
+    threads: int = flag(min(2, os.cpu_count()), "torch.set_num_threads on CPU",
+                        (lambda v: 0 < v <= os.cpu_count(), f"in [1, {os.cpu_count()}], this machine's cores"))
     compile: bool = flag(False, "torch.compile both sides")
 
     def __post_init__(self):
         check_flags(self)
         if CONFIGS[self.config].pretraining_only_layers:
             raise ValueError(f"--config {self.config}: transformers' RemBERT has no pre-training-only layers")
+        if self.predictions > self.seq_len - 2:  # as many as the positions between [CLS] and [SEP]
+            raise ValueError(f"--predictions must be at most --seq-len - 2 ({self.seq_len - 2})")
         if self.seq_len > CONFIGS[self.config].max_position_embeddings:
             raise ValueError(f"--seq-len must be at most {CONFIGS[self.config].max_position_embeddings} for "
                              f"{self.config}")
@@ -192,6 +203,7 @@ def bench_model(cfg):
     torch.manual_seed(0)
     batch = make_batch(config, cfg.batch_size, cfg.seq_len, cfg.predictions, torch.Generator().manual_seed(0))
     tokens = cfg.batch_size * cfg.seq_len
+    predicted = batch["masked_weights"][0].sum().item()  # per sequence: MFU counts no padding slot as work
     peaks = [cpu_matmul_peak()] if device.type == "cpu" else []
     print(f"# {json.dumps(vars(cfg))}, torch {torch.__version__}")
     rows = []
@@ -216,20 +228,22 @@ def bench_model(cfg):
         seconds = {side: statistics.median(t[i] for t in times) for i, side in enumerate(("ours", "hf"))}
         rows.append({"phase": phase, "seconds": seconds, "ratio": statistics.median(ratios),
                      "spread": [ratios[0], ratios[-1]], "check": difference, "memory": memory,
-                     "flops": step_flops(config, cfg.seq_len, cfg.predictions, phase) * tokens})
+                     "flops": step_flops(config, cfg.seq_len, predicted, phase) * tokens})
         del ours, theirs
         if device.type == "cpu":
             peaks.append(cpu_matmul_peak())  # a busy machine lowers the peak: keep the best
-    peak = max(peaks) if peaks else next(v for k, v in GPU_BF16_PEAK.items() if k in torch.cuda.get_device_name())
+    peak = max(peaks) if peaks else gpu_peak(torch.cuda.get_device_name())
     source = f"best fp32 2048^3 matmul of {[round(p / 1e9) for p in peaks]}" if peaks else "bf16 data sheet"
-    print(f"peak: {peak / 1e9:.0f} GFLOP/s ({source})")
+    print(f"peak: {peak / 1e9:.0f} GFLOP/s ({source})" if peak else
+          f"peak: {torch.cuda.get_device_name()} is not in GPU_BF16_PEAK, so no MFU")
     print(f"{'phase':<9} {'ours tok/s':>10} {'HF tok/s':>9} {'ours/HF':>8} {'[min, max]':>13} {'ours MFU':>8} "
           f"{'GPU GiB ours/HF':>15}")
     for r in rows:
-        mfu = r["flops"] / r["seconds"]["ours"] / peak
+        mfu = r["flops"] / r["seconds"]["ours"] / peak if peak else None
+        shown = "-" if mfu is None else f"{mfu:.1%}"
         gpu = "/".join(f"{r['memory'][s] / 2**30:.1f}" for s in ("ours", "hf")) if device.type == "cuda" else "-"
         print(f"{r['phase']:<9} {tokens / r['seconds']['ours']:>10.0f} {tokens / r['seconds']['hf']:>9.0f} "
-              f"{r['ratio']:>7.2f}x [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}] {mfu:>8.1%} {gpu:>15}")
+              f"{r['ratio']:>7.2f}x [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}] {shown:>8} {gpu:>15}")
         print(json.dumps({"phase": r["phase"], "ratio": r["ratio"], "spread": r["spread"], "mfu": mfu,
                           "tokens_per_s": {s: tokens / t for s, t in r["seconds"].items()},
                           "output_check_max_diff": r["check"], "gpu_memory_bytes": r["memory"], "config": cfg.config}))
@@ -242,7 +256,7 @@ def bench_model(cfg):
 class LoaderBenchmark:
     """data.MLMLoader's tokens/s and memory, streaming a corpus as pre-training does"""
     data: str = flag("sample_data", "a text file or a directory of *.txt files, as pretrain.py's --data")
-    tokenizer: str = flag("", "SentencePiece model (default: 8000 pieces trained on sample_data/)")
+    tokenizer: str = flag("", "SentencePiece model (default: trained on --data, as pretrain.py's default config)")
     num_workers: int = flag(1, "DataLoader workers", at_least(0))
     batch_size: int = flag(32, "sequences per batch", POSITIVE)
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
@@ -259,8 +273,8 @@ def _rss_mb(pid):
 def bench_loader(cfg):
     from data import MLMLoader, Tokenizer, train_tokenizer
     with tempfile.TemporaryDirectory() as tmp:
-        sample = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sample_data")
-        tokenizer = Tokenizer(cfg.tokenizer or train_tokenizer(sample, 8000, os.path.join(tmp, "spm")))
+        vocab_size = CONFIGS["tiny"].vocab_size
+        tokenizer = Tokenizer(cfg.tokenizer or train_tokenizer(cfg.data, vocab_size, os.path.join(tmp, "spm")))
     started = time.time()
     loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_workers=cfg.num_workers)
     print(f"{cfg.data}: {len(loader.probabilities)} languages; line counts ready in {time.time() - started:.1f} s")

@@ -1,6 +1,7 @@
 """Tests of benchmark.py: its FLOP formula against what the model executes, and a run of each command."""
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -42,7 +43,7 @@ def test_flop_formula_counts_what_the_model_executes(phase):
 def test_model_command_prints_every_figure():
     pytest.importorskip("transformers")
     out = subprocess.run([sys.executable, "benchmark.py", "model", "--config", "tiny",
-                          "--batch-size", "2", "--seq-len", "16", "--steps", "2", "--warmup", "1",
+                          "--batch-size", "2", "--seq-len", "16", "--predictions", "3", "--steps", "2", "--warmup", "1",
                           "--phases", "pretrain", "infer"], cwd=REPO, capture_output=True, text=True, check=True).stdout
     figures = {f["phase"]: f for f in (json.loads(line) for line in out.splitlines() if line.startswith("{"))}
     assert set(figures) == {"pretrain", "infer"}
@@ -61,9 +62,21 @@ def test_bad_settings_are_refused(tmp_path):
     for command, message in ((["loader", "--data", str(tmp_path)], "no *.txt files in this directory"),
                              (["loader", "--batch-size", "0"], "--batch-size must be a positive number, got 0"),
                              (["loader", "--seconds", "inf"], "--seconds must be a positive number, got inf"),
-                             (["model", "--config", "tiny", "--threads", "0"], "--threads must be a positive number, got 0"),
+                             (["model", "--config", "tiny", "--threads", "0"], "--threads must be in [1, "),
+                             (["model", "--config", "tiny", "--threads", str(os.cpu_count() + 1)],
+                              f"--threads must be in [1, {os.cpu_count()}], this machine's cores"),
+                             (["model", "--config", "tiny", "--seq-len", "16", "--predictions", "15"],
+                              "--predictions must be at most --seq-len - 2 (14)"),
                              (["model", "--config", "tiny", "--seq-len", "1000"], "--seq-len must be at most 512 for tiny")):
         out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     with pytest.raises(ValueError, match="--phases must be one of pretrain, finetune, infer, got 'pretrain'"):
         benchmark.ModelBenchmark(config="tiny", phases="pretrain")  # a str, not a list of phases
+
+
+def test_a_gpu_gets_its_own_data_sheet_peak_or_none():
+    """By name, the most specific entry first: no L40S read as an L4, no H100 PCIe as an SXM H100."""
+    names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA L40S": 362e12, "NVIDIA L4": 121e12, "NVIDIA A10": 125e12,
+             "NVIDIA A10G": None, "NVIDIA GeForce RTX 4090": None, "Tesla V100-SXM2-16GB": None}
+    assert {name: benchmark.gpu_peak(name) for name in names} == names
