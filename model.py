@@ -131,8 +131,7 @@ class Embeddings(nn.Module):
             raise ValueError(f"sequence length {T} exceeds max_position_embeddings {max_T}")
         # Slicing the table (not an arange) creates no tensor on the host: XLA-safe.
         x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:T]
-        x = x + self.token_type_embeddings(token_type_ids)
-        return self.dropout(self.norm(x))  # (B, T, E_in)
+        return self.dropout(self.norm(x + self.token_type_embeddings(token_type_ids)))  # (B, T, E_in)
 
 
 class Encoder(nn.Module):
@@ -243,6 +242,8 @@ class MaskedLM(nn.Module):
         model = cls(config)
         _load_hf_encoder(model.encoder, state, path)
         head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
+        if config.tie_embeddings and head["decoder.weight"] not in state:  # transformers 4 saves a tied matrix once
+            del head["decoder.weight"]
         if any(hf in state for hf in head.values()):  # a head, then all of it: _copy_tensors names what is missing
             _copy_tensors(model.head, state, head, path)  # (tied: into the input embedding too, checked next)
             if config.tie_embeddings and not torch.equal(model.head.decoder.weight,
@@ -376,18 +377,17 @@ def hf_name(name, table=_HF_ENCODER):
 
 
 def _read_hf(path):
-    """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names. A key
-    config.json lacks takes transformers' default, which is ModelConfig's but for dropout (0 there)."""
+    """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names."""
     try:
         with open(os.path.join(path, "config.json")) as f:
-            hf = {"hidden_dropout_prob": 0.0, **json.load(f)}
+            hf = {"hidden_dropout_prob": 0.0, **json.load(f)}  # a missing key: transformers' default
         config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items() if theirs in hf},
                              tie_embeddings=hf.get("tie_word_embeddings", False))
     except (KeyError, TypeError, ValueError, RecursionError) as e:  # (json.JSONDecodeError is a ValueError)
         raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
     if hf.get("hidden_act", "gelu") not in ("gelu", "gelu_python") or hf.get("is_decoder"):  # (causal attention)
         raise DataError(f"{path}/config.json: supported are encoders (is_decoder false) with hidden_act 'gelu'")
-    if hf.get("attention_probs_dropout_prob", config.dropout) != config.dropout:
+    if hf.get("attention_probs_dropout_prob", 0.0) != config.dropout:
         warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
     if os.path.exists(os.path.join(path, "model.safetensors")):
         import safetensors.torch

@@ -261,7 +261,17 @@ def test_a_coupled_model_exports_and_loads_back_coupled(tmp_path):
         for model in (ours, back):
             torch.testing.assert_close(model(input_ids, token_type_ids, attention_mask)[0], reference,
                                        atol=1e-5, rtol=1e-5)
+    # transformers 4 saves a tied matrix once, without cls.predictions.decoder.weight: it loads tied.
+    from safetensors.torch import load_file, save_file
+    state = load_file(tmp_path / "model.safetensors")
+    del state["cls.predictions.decoder.weight"]
+    (tmp_path / "once").mkdir()
+    save_file(state, tmp_path / "once" / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "once" / "config.json").write_text((tmp_path / "config.json").read_text())
+    once = MaskedLM.from_hf(tmp_path / "once").eval()
+    assert once.head.decoder.weight is once.encoder.embeddings.word_embeddings.weight
     with torch.no_grad():
+        torch.testing.assert_close(once(input_ids, token_type_ids, attention_mask)[0], reference, atol=1e-5, rtol=1e-5)
         theirs.cls.predictions.decoder.weight.add_(1.0)  # trained apart in transformers: no longer one matrix
     theirs.save_pretrained(tmp_path / "apart")
     with pytest.raises(DataError, match="tie_word_embeddings, but its output embedding .* differs"):
@@ -282,6 +292,10 @@ def test_one_dropout_rate_or_a_warning(tmp_path):
     transformers.RemBertModel(hf_config(SMALL)).save_pretrained(tmp_path)
     hf = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**hf, "attention_probs_dropout_prob": 0.3}))
+    with pytest.warns(UserWarning, match="attention_probs_dropout_prob is not hidden_dropout_prob, used for both"):
+        Encoder.from_hf(tmp_path)
+    del hf["attention_probs_dropout_prob"]  # transformers reads it as 0.0, not as hidden_dropout_prob
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "hidden_dropout_prob": 0.1}))
     with pytest.warns(UserWarning, match="attention_probs_dropout_prob is not hidden_dropout_prob, used for both"):
         Encoder.from_hf(tmp_path)
 
