@@ -57,7 +57,7 @@ if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 LABEL_ALIASES = {"contradictory": "contradiction"}  # XNLI-MT's translated MultiNLI train files
-INDEX = ".rembert-index.json"  # line counts of a directory's corpus files
+INDEX = ".rembert-index-2.json"  # line counts of a directory's corpus files (2: as count_lines checks them now)
 NEWLINE = b"\n"
 
 
@@ -104,9 +104,9 @@ def count_lines(path):
                 raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, e.start) + 1}: not UTF-8") from None
             if (nul := chunk.find(b"\0")) >= 0:
                 raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, nul) + 1}: a NUL byte: not a text file")
-            if cr := re.search(rb"\r(?!\n)", chunk):  # old Mac line endings: the file would be one line
-                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, cr.start()) + 1}: a carriage return "
-                                f"without a line feed")
+            if chunk.count(b"\r") - chunk.count(b"\r\n") > chunk.count(NEWLINE):  # old Mac line ends, not a stray \r
+                at = lines + chunk.count(NEWLINE, 0, re.search(rb"\r(?!\n)", chunk).start()) + 1
+                raise DataError(f"{path}:{at}: lines that end in a carriage return alone: the file would be one line")
             # A chunk starts at a line start: "\n" + chunk puts a "\n" before each of its lines.
             blank += len(re.findall(rb"\n[ \t\r\f\v]*(?=\n|\Z)", NEWLINE + chunk)) - chunk.endswith(NEWLINE)
             size += len(chunk)
@@ -119,7 +119,7 @@ def count_lines(path):
 
 
 def line_counts(paths):
-    """{path: non-blank lines}. The counts are kept in an index file beside the files (.rembert-index.json, by
+    """{path: non-blank lines}. The counts are kept in an index file beside the files (INDEX, by
     name, size, modification and change time: an edit changes one), so a corpus is read in full once, not at every
     start and not in every process of a job (pretrain.py counts in one process first). New files are counted in
     parallel."""

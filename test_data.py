@@ -360,7 +360,7 @@ def test_lines_are_counted_once_and_kept_beside_the_corpus(tmp_path, monkeypatch
     read_only.mkdir()
     write_lines(read_only / "en.txt", ["one", "two"])
     read_only.chmod(0o555)
-    with pytest.warns(UserWarning, match="cannot write .rembert-index.json"):
+    with pytest.warns(UserWarning, match="cannot write " + re.escape(data.INDEX)):
         assert data.line_counts([str(read_only / "en.txt")]) == {str(read_only / "en.txt"): 2}
     assert sorted(p.name for p in read_only.iterdir()) == ["en.txt"]
     read_only.chmod(0o755)
@@ -389,7 +389,7 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
         "ru.txt": ("первая строка\n\nвторая\n".encode() + b"caf\xe9\n", r"ru.txt:4: not UTF-8"),
         "bin.txt": (b"text\n" + b"\0" * 4096, r"bin.txt:2: a NUL byte: not a text file"),
         "el.txt.gz": (b"\x1f\x8b\x08\x00", r"el.txt.gz: a compressed file"),
-        "mac.txt": (b"one\ntwo\rthree\r", r"mac.txt:2: a carriage return without a line feed"),  # old Mac OS
+        "mac.txt": (b"one\ntwo\rthree\r", r"mac.txt:2: lines that end in a carriage return alone"),  # old Mac OS
     }
     for name, (content, message) in cases.items():
         if content is not None:
@@ -413,6 +413,14 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
         data.MLMLoader(str(tmp_path / "hidden"), tokenizer)
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf\nline\n")  # a byte order mark on a blank first line
     assert data.count_lines(str(tmp_path / "bom.txt")) == 1
+    (tmp_path / "stray.txt").write_bytes(b"one\r\ntw\ro\r\r\nthree")  # a stray carriage return is a blank
+    assert data.count_lines(str(tmp_path / "stray.txt")) == 3
+    # An index written before count_lines refused old Mac files (it counted mac.txt as one line) is not trusted.
+    stat = (tmp_path / "mac.txt").stat()
+    (tmp_path / ".rembert-index.json").write_text(json.dumps({"mac.txt": [stat.st_size, stat.st_mtime_ns,
+                                                                          stat.st_ctime_ns, 1]}))
+    with pytest.raises(data.DataError, match="mac.txt:2: lines that end in a carriage return alone"):
+        data.line_counts([str(tmp_path / "mac.txt")])
 
 
 def test_a_damaged_line_index_is_counted_again(tmp_path):
