@@ -417,10 +417,11 @@ def train(model_config, cfg):
     # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
     if resumed and not os.path.exists(cfg.tokenizer):  # never a new tokenizer for a run that has one
-        cfg = dataclasses.replace(cfg, tokenizer=resumed[1].get("tokenizer", {}).get("path", "(not recorded)"))
-        if not os.path.exists(cfg.tokenizer):
-            raise DataError(f"{resumed[0]} was trained with the tokenizer {cfg.tokenizer}, which is not there; "
-                            f"pass --tokenizer")
+        saved = resumed[1].get("tokenizer", {}).get("path")
+        if not saved or not os.path.exists(saved):
+            raise DataError(f"--tokenizer {cfg.tokenizer} is not there, nor the one {resumed[0]} was trained with "
+                            f"({saved or 'not recorded'}); pass --tokenizer with that file")
+        cfg = dataclasses.replace(cfg, tokenizer=saved)
         log(f"--resume: {resumed[0]}'s tokenizer, {cfg.tokenizer}")
     log(f"model config: {asdict(model_config)}")
     log(f"train config: {asdict(cfg)}")
@@ -451,7 +452,7 @@ def train(model_config, cfg):
         # The damaged checkpoints resuming passed over: kept, but out of --keep's count and the next --resume's way.
         for damaged in (p for p in checkpoint_paths(cfg.out_dir) if resumed and p > resumed[0]):
             os.replace(damaged, damaged + ".damaged")
-            log(f"moved {damaged} (damaged) to {damaged}.damaged")
+            log(f"moved {damaged}, passed over above, to {damaged}.damaged")
     if resumed:
         path, checkpoint = resumed
         saved = {**checkpoint["config"], **{k: checkpoint["train_config"].get(k) for k in SAME_ON_RESUME}}

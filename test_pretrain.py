@@ -268,7 +268,7 @@ def test_checkpoints_resuming_passed_over_are_set_aside_not_kept_instead_of_good
     run(tokenizer, tmp_path, "--steps", "3", "--checkpoint-every", "1", "--keep", "1", "--resume")
     out = capsys.readouterr().out
     assert "ckpt-00000009.pt: not a pretrain.py checkpoint" in out and "resumed from" in out and "at step 2" in out
-    assert f"moved {newest} (damaged) to {newest}.damaged" in out
+    assert f"moved {newest}, passed over above, to {newest}.damaged" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "ckpt-00000003.pt", "ckpt-00000004.pt.damaged", "ckpt-00000009.pt.damaged"]
 
@@ -344,7 +344,8 @@ def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_i
     moved.write_bytes(Path(tokenizer).read_bytes())
     run(str(moved), tmp_path / "moved-run", "--steps", "2", "--checkpoint-every", "2")
     moved.unlink()
-    with pytest.raises(DataError, match=f"trained with the tokenizer {moved}, which is not there; pass --tokenizer"):
+    with pytest.raises(DataError, match=f"--tokenizer {missing} is not there, nor the one .* was trained with "
+                                        f"\\({moved}\\); pass --tokenizer with that file"):
         run(tokenizer, tmp_path / "moved-run", "--tokenizer", str(missing), "--steps", "4", "--resume")
     assert not moved.exists() and not missing.exists()
     other = train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "other"))
