@@ -344,6 +344,7 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     if empty is not None:
         raise DataError(f"sentence {empty} has no tokens")
     encoder.eval()
+    batch_size = min(batch_size, len(sentences))  # (padding to a larger batch would be work for nothing)
     per_batch = []
     with torch.no_grad():
         for start in range(0, len(sentences), batch_size):
@@ -364,13 +365,15 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     return [torch.cat(layer) for layer in zip(*per_batch)]
 
 
-def translation_accuracy(source, target, fit, test):
+def translation_accuracy(source, target, fit, test, same=None):
     """Nearest-neighbour translation accuracy (percent) of one layer (Figure 2's method): the translation
     vector is the mean of target - source over the `fit` pairs; each `test` source plus that vector
-    retrieves its nearest `test` target by L2 distance, and is right when that is its own translation."""
+    retrieves its nearest `test` target by L2 distance, and is right when that is its own translation, or
+    a target with the same text (`same[i]`: the first pair whose target is pair i's; it has the same vector)."""
     translation = (target[fit] - source[fit]).double().mean(0)
     distances = torch.cdist(source[test].double() + translation, target[test].double())  # (n_test, n_test)
-    hits = distances.argmin(1) == torch.arange(len(test))
+    answers = torch.arange(len(target)) if same is None else torch.as_tensor(same)
+    hits = answers[test][distances.argmin(1)] == answers[test]
     return 100.0 * hits.double().mean().item()
 
 
@@ -387,7 +390,9 @@ def translation_probe(encoder, source, target, cls_id, sep_id, pad_id, max_len=1
     fit, test = order[:len(order) // 2], order[len(order) // 2:]
     embed = lambda sentences: sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len,
                                                   batch_size, device)
-    return [translation_accuracy(s, t, fit, test) for s, t in zip(embed(source), embed(target))]
+    first = {}  # a repeated target sentence (XQuAD repeats a few questions): any of its copies is the answer
+    same = [first.setdefault(tuple(ids[:max_len - 2]), i) for i, ids in enumerate(target)]
+    return [translation_accuracy(s, t, fit, test, same) for s, t in zip(embed(source), embed(target))]
 
 
 def read_parallel(source_path, target_path, unit="questions"):
@@ -396,13 +401,23 @@ def read_parallel(source_path, target_path, unit="questions"):
     line-parallel text files."""
     if (Path(source_path).suffix == ".json") != (Path(target_path).suffix == ".json"):
         raise DataError(f"{source_path} and {target_path}: two SQuAD-format .json files, or two text files")
+    if Path(source_path).suffix != ".json" and unit == "contexts":
+        raise DataError(f"{source_path}: --unit contexts pairs the paragraphs of SQuAD-format .json files")
     sides = []
     for path in (source_path, target_path):
         if Path(source_path).suffix != ".json":
-            lines = data.read_text(path).removesuffix("\n").split("\n")
-            blank = next((i for i, line in enumerate(lines, 1) if not line.strip()), 0)
-            if blank:
-                raise DataError(f"{path}:{blank}: empty line")
+            text = data.read_text(path)
+            try:
+                json_value = json.loads(text)
+            except (json.JSONDecodeError, RecursionError):
+                json_value = None  # text, as it should be
+            if isinstance(json_value, (dict, list)):
+                raise DataError(f"{path}: a JSON file; SQuAD-format files are read as such when named *.json")
+            lines = text.removesuffix("\n").split("\n")
+            bad = next((i for i, line in enumerate(lines, 1) if not line.strip() or "\t" in line), 0)
+            if bad:
+                what = "a tab: one sentence per line, not columns" if lines[bad - 1].strip() else "empty line"
+                raise DataError(f"{path}:{bad}: {what}")
             sides.append(dict(enumerate(lines)))
         elif unit == "contexts":
             groups = itertools.groupby(data.read_squad(path, check_answers=False), key=lambda e: (e.article, e.context))
@@ -448,7 +463,10 @@ class MLMAccuracyConfig:
     seed: int = flag(0, "seed of the masking and sampling", SEED)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
-    __post_init__ = check_flags
+    def __post_init__(self):
+        check_flags(self)
+        if self.max_predictions > self.seq_len - 2:  # the positions between [CLS] and [SEP]; more are padding
+            raise ValueError(f"--max-predictions must be at most --seq-len - 2 ({self.seq_len - 2})")
 
 
 @dataclass
@@ -503,8 +521,12 @@ def main(argv=None):
     encoder = model.encoder.to(device)
     print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
           f"{cfg.target}; translation vector fitted on {len(source) // 2}, "
-          f"retrieval among the other {len(source) - len(source) // 2}", file=sys.stderr)
+          f"retrieval among the other {len(source) - len(source) // 2} (chance: "
+          f"{100 / (len(source) - len(source) // 2):.2f}%)", file=sys.stderr)
     ids = [[tokenizer.encode(t) for t in side] for side in (source, target)]
+    if cut := sum(len(sentence) > cfg.max_len - 2 for side in ids for sentence in side):
+        warnings.warn(f"{cut} of the {2 * len(source)} sentences have more pieces than --max-len {cfg.max_len} holds "
+                      f"with [CLS] and [SEP]: each is cut there, and a pair may then not say the same")
     for path, texts, side in zip((cfg.source, cfg.target), (source, target), ids):
         if not all(side):
             raise DataError(f"{path}: the sentence {texts[side.index([])]!r} has no pieces in {tokenizer.model_file}")

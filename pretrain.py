@@ -83,6 +83,8 @@ class TrainConfig:
         check_flags(self)
         if self.warmup >= self.steps:
             raise ValueError(f"--warmup ({self.warmup}) must be below --steps ({self.steps})")
+        if self.max_predictions > self.seq_len - 2:  # the positions between [CLS] and [SEP]; more are padding
+            raise ValueError(f"--max-predictions must be at most --seq-len - 2 ({self.seq_len - 2})")
         if self.compile and self.device == "xla":
             raise ValueError("--compile is for cpu and cuda: torch-xla compiles every step already")
 

@@ -595,6 +595,17 @@ def test_translation_probe_shuffled_targets_fail():
         evaluate.translation_probe(Encoder(tiny_config()), sentences[:3], sentences[:3], 1, 2, 0)
 
 
+def test_translation_probe_reads_a_repeated_sentence_as_one_answer():
+    """A text and itself, each sentence three times (as XNLI's premises are): every retrieval is right,
+    although the nearest of three identical targets is not always the pair's own copy."""
+    import torch
+    from model import Encoder
+    torch.manual_seed(0)
+    sentences = random_sentences(10, 3) * 3
+    accuracies = evaluate.translation_probe(Encoder(tiny_config()), sentences, sentences, 1, 2, 0, max_len=16)
+    assert accuracies == [100.0] * 3
+
+
 def test_mlm_accuracy_matches_a_direct_computation():
     import torch
     from model import MaskedLM
@@ -657,7 +668,7 @@ def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path)
     assert f"{other.model_file} is not the tokenizer {tmp_path / 'ckpt.pt'} was trained with" in out.stderr
 
 
-def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(tmp_path):
+def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(tmp_path, capsys):
     import shutil
     import data
     from model import Encoder, save_hf
@@ -672,6 +683,15 @@ def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(t
     with pytest.raises(DataError, match=r"de.txt: the sentence '\\u200b' has no pieces in"):
         evaluate.main(["translation-probe", "--checkpoint", str(tmp_path / "encoder"), "--source", str(source),
                        "--target", str(target), "--max-len", "32", "--device", "cpu"])
+    # Sentences longer than --max-len are cut, which is said; the chance level is printed beside the figures.
+    target = write(tmp_path / "de.txt", "eins\nzwei zwei zwei zwei zwei zwei zwei zwei\ndrei\nvier\n")
+    with pytest.warns(UserWarning, match="1 of the 8 sentences have more pieces than --max-len 8 holds"):
+        evaluate.main(["translation-probe", "--checkpoint", str(tmp_path / "encoder"), "--source", str(source),
+                       "--target", str(target), "--max-len", "8", "--device", "cpu"])
+    assert "retrieval among the other 2 (chance: 50.00%)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # more predictions than maskable positions: padding, for nothing
+        evaluate.main(["mlm-accuracy", "--checkpoint", "x", "--data", "y", "--seq-len", "16"])
+    assert "--max-predictions must be at most --seq-len - 2 (14)" in capsys.readouterr().err
 
 
 def test_read_parallel(tmp_path):
@@ -687,3 +707,12 @@ def test_read_parallel(tmp_path):
         evaluate.read_parallel(*lines)
     with pytest.raises(ValueError, match="two SQuAD-format .json files, or two text files"):
         evaluate.read_parallel(lines[0], source)  # the JSON's lines would be taken for sentences
+    with pytest.raises(ValueError, match="--unit contexts pairs the paragraphs of SQuAD-format .json files"):
+        evaluate.read_parallel(*lines, unit="contexts")
+    # Files of another format, under a text file's name, are not read as sentences.
+    squad = write(tmp_path / "xquad.en.txt", source.read_text())
+    with pytest.raises(ValueError, match="xquad.en.txt: a JSON file; SQuAD-format files are read as such when named"):
+        evaluate.read_parallel(squad, lines[1])
+    tsv = write(tmp_path / "dev-en.tsv", "premise\thypothesis\tlabel\nA man.\tA person.\tentailment\n")
+    with pytest.raises(ValueError, match="dev-en.tsv:1: a tab: one sentence per line, not columns"):
+        evaluate.read_parallel(tsv, lines[1])

@@ -112,6 +112,7 @@ def test_overrides_are_typed_and_checked(capsys):
         (["--seed", "-1"], "--seed must be an integer in [0, 2^32), got -1"),
         (["--seed", str(2 ** 64)], "--seed must be an integer in [0, 2^32), got 18446744073709551616"),
         (["--seq-len", "2"], "--seq-len must be a number >= 3, got 2"),
+        (["--seq-len", "6"], "--max-predictions must be at most --seq-len - 2 (4)"),  # 5 predictions: one is padding
         # Training writes PATH.model: out/spm would overwrite an existing out/spm.model.
         (["--tokenizer", "out/spm"], "--tokenizer must be a file name ending in .model, got 'out/spm'"),  # [CLS] and [SEP] leave no piece
         (["--layer-norm-eps", "-1"], "ModelConfig.layer_norm_eps must be a positive number, got -1.0"),
