@@ -188,7 +188,7 @@ def parse_flags(parser, argv=None):
     if unknown:
         flag = unknown[0].split("=")[0]
         parsers = [parser] + [p for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-                              for p in action.choices.values()]
+                              for name, p in action.choices.items() if name == getattr(args, action.dest)]
         known = [option for p in parsers for action in p._actions for option in action.option_strings]
         close = difflib.get_close_matches(flag, known, n=1)
         parser.error(f"unrecognized argument {unknown[0]}" + (f"; did you mean {close[0]}?" if close else ""))
