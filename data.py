@@ -154,8 +154,7 @@ def line_counts(paths):
 
 
 def write_json(path, obj):
-    """Written whole or not at all: a temporary file of this process, then renamed (a crash, or another process
-    writing the same file, never leaves half a file)."""
+    """Written whole or not at all (a crash, another process writing it): a temporary file of ours, renamed."""
     tmp = f"{path}.{os.getpid()}.tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2)
@@ -239,8 +238,9 @@ class Tokenizer:
 
     def encode_with_offsets(self, text):
         """(ids, [(start, end)]): each piece's characters in `text` itself, found through SentencePiece's
-        normalization (NFKC, collapsed whitespace). A span never starts or ends with a blank character, so
-        the "▁" of a word start is not counted and a lone "▁" piece has an empty span."""
+        normalization (NFKC, collapsed whitespace). A span never starts or ends with a blank character, so the "▁"
+        of a word start is not counted; a lone "▁" has an empty span, as have all but the last piece of a character
+        that is several (its UTF-8 bytes; "…", which normalization makes "...")."""
         out = self.sp.encode(text, return_type="offset_mapping")
         offsets = []
         for start, end in out["offsets"]:
@@ -519,9 +519,9 @@ class MLMLoader:
         self.corpus = _Corpus(langs, counts, sizes, workers * batch_size * world_size, seed, shuffle_bytes, alpha)
         self.settings = (batch_size, seq_len, max_predictions, rank, world_size)
         self.probabilities = sampling_probabilities({lang: n for (lang, _), n in zip(langs, counts)}, alpha)
-        # What a saved state must agree with: the files by name and size (not by path: a corpus may move).
-        self._fingerprint = {"files": [[lang, os.path.basename(p), sizes[p]] for lang, paths in langs for p in paths],
-                             "seed": seed, "batch_size": batch_size, "seq_len": seq_len,
+        # What a saved state must agree with: the files by name, size and lines (not by path: a corpus may move).
+        files = [[lang, os.path.basename(p), sizes[p], lines[p]] for lang, paths in langs for p in paths]
+        self._fingerprint = {"files": files, "seed": seed, "batch_size": batch_size, "seq_len": seq_len,
                              "max_predictions": max_predictions, "rank": rank, "world_size": world_size,
                              "num_workers": num_workers, "alpha": alpha, "shuffle_bytes": shuffle_bytes}
         self._state = {"next_worker": 0, "workers": [
@@ -540,7 +540,7 @@ class MLMLoader:
                   if key != "files" and saved.get(key) != value]
         files = [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"]) if a != b]
         if files:
-            differ.append(f"the corpus files (name, size) {files[0][0]} then, {files[0][1]} now")
+            differ.append(f"the corpus files (language, name, size, lines) {files[0][0]} then, {files[0][1]} now")
         if differ:
             raise DataError(f"the saved data-loader state was made with other data or settings: {'; '.join(differ)}")
         self._state = {"next_worker": state["next_worker"], "workers": [
@@ -675,7 +675,7 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
     lines = read_text(path).split("\n")
     width = 2 if labelled or any("\t" in line for line in lines) else 1  # a label on any line: on every line
     sentences, current = [], []
-    for number, line in enumerate(lines, 1):
+    for number, line in enumerate(lines + [""], 1):  # (a blank line last ends the last sentence)
         if not line.strip(" \t"):  # (a token may be U+00A0 or U+3000, which str.strip() would remove)
             if current:
                 sentences.append(current)
@@ -691,8 +691,6 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
         if labels is not None and width == 2:
             check_label(fields[1], labels, f"{path}:{number}")
         current.append((number, fields))
-    if current:
-        sentences.append(current)
     if not sentences:
         raise DataError(f"{path}: no sentences")
     prefixes = {(re.match(r"[a-z]{2,3}:", f[0]) or [None])[0] for s in sentences for _, f in s}

@@ -58,9 +58,8 @@ class ModelConfig:
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.tie_embeddings and self.input_embedding_size != self.output_embedding_size:
-            raise ValueError(f"tie_embeddings shares one matrix between input and output, so it needs "
-                             f"input_embedding_size == output_embedding_size (got {self.input_embedding_size} and "
-                             f"{self.output_embedding_size})")
+            raise ValueError(f"tie_embeddings (one matrix in and out) needs input_embedding_size == "
+                             f"output_embedding_size, got {self.input_embedding_size} and {self.output_embedding_size}")
         if not 0.0 < self.layer_norm_eps < float("inf"):
             raise ValueError(f"ModelConfig.layer_norm_eps must be a positive number, got {self.layer_norm_eps}")
         if not 0.0 <= self.dropout < 1.0:
@@ -107,8 +106,6 @@ class Layer(nn.Module):
 def attention_bias(attention_mask):
     """(B, T) padding mask (non-zero: a token, as transformers reads it) -> additive bias (B, 1, 1, T). A large
     negative number rather than -inf keeps an all-padding row (a padded evaluation batch) finite instead of NaN."""
-    if attention_mask is None:
-        return None
     return attention_mask[:, None, None, :].logical_not().float() * torch.finfo(torch.float32).min
 
 
@@ -153,7 +150,7 @@ class Encoder(nn.Module):
         and the last layer's output, each (B, T, H)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = attention_bias(attention_mask)
+        mask = None if attention_mask is None else attention_bias(attention_mask)
         x = self.embedding_projection(self.embeddings(input_ids, token_type_ids))  # (B, T, H)
         hidden_states = [x]
         for layer in self.layers:
@@ -204,11 +201,10 @@ class MaskedLM(nn.Module):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
                 masked_positions=None, masked_ids=None, masked_weights=None):
-        """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None.
-        The loss, when `masked_ids` (B, P) are given, is the `masked_weights`-weighted mean
-        cross-entropy over the predictions (weight 0 marks padding; without weights, transformers' id -100)."""
+        """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None; with `masked_ids`
+        (B, P), the loss: the mean cross-entropy weighted by `masked_weights` (0: padding), or else by ids != -100."""
         x = self.encoder(input_ids, token_type_ids, attention_mask)
-        mask = attention_bias(attention_mask)
+        mask = None if attention_mask is None else attention_bias(attention_mask)
         for layer in self.pretraining_layers:
             x = layer(x, mask)
         if masked_positions is not None:  # google-research/bert's gather_indexes: (B, T, H) -> (B, P, H)
@@ -235,9 +231,8 @@ class MaskedLM(nn.Module):
 
     @classmethod
     def from_hf(cls, path):
-        """Load a RemBERT checkpoint in the Hugging Face layout: a directory with config.json and
-        model.safetensors or pytorch_model.bin, as `save_pretrained` writes it (e.g. google/rembert).
-        The released checkpoint has no MLM head; then the head keeps its fresh initialisation."""
+        """A RemBERT directory in the Hugging Face layout, as `save_pretrained` writes it (e.g. google/rembert; its
+        weights as `_HF_WEIGHTS` says). The released checkpoint has no MLM head: the head keeps its initialisation."""
         config, state = _read_hf(path)
         model = cls(config)
         _load_hf_encoder(model.encoder, state, path)
@@ -273,7 +268,7 @@ class SequenceClassifier(nn.Module):
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, labels=None):
         pooled = self.encoder.pool(self.encoder(input_ids, token_type_ids, attention_mask))
         logits = self.classifier(self.dropout(pooled))  # (B, C)
-        return logits, None if labels is None else F.cross_entropy(logits.float(), labels)
+        return logits, None if labels is None else F.cross_entropy(logits.float(), labels.view(-1))  # (B,) or (B, 1)
 
 
 class TokenClassifier(SequenceClassifier):
@@ -324,12 +319,11 @@ def count_parameters(model):
     """The paper's two counts (Tables 2-6): "finetuning" is what fine-tuning keeps (embeddings,
     projection, kept layers, pooler; no task head); "pretraining" adds the pre-training-only layers
     and the MLM head (whose output embedding is free when tied). Takes a MaskedLM or an Encoder."""
-    def unique(module):
-        return sum(p.numel() for p in {id(p): p for p in module.parameters()}.values())
     encoder = model.encoder if isinstance(model, MaskedLM) else model
     if not isinstance(encoder, Encoder):
         raise TypeError(f"count_parameters takes a MaskedLM or an Encoder, got {type(model).__name__}")
-    return {"pretraining": unique(model), "finetuning": unique(encoder)}
+    return {"pretraining": sum(p.numel() for p in model.parameters()),  # (a tied matrix is one parameter)
+            "finetuning": sum(p.numel() for p in encoder.parameters())}
 
 
 def load_checkpoint(path, weights=True):
@@ -345,7 +339,7 @@ def load_checkpoint(path, weights=True):
     except (FileNotFoundError, DataError):
         raise
     except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, UnpicklingError...)
-        raise DataError(f"{path}: damaged or not a checkpoint ({type(e).__name__}: {e})") from None
+        raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({type(e).__name__}: {e})") from None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -358,12 +352,11 @@ _HF_LAYER = {"attention.query": "attention.self.query", "attention.key": "attent
              "attention_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
              "output": "output.dense", "output_norm": "output.LayerNorm"}
 _HF_HEAD = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
-_HF_PROJECTION = "encoder.embedding_hidden_mapping_in."
-_HF_CONFIG = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-              "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
-              "input_embedding_size": "input_embedding_size", "output_embedding_size": "output_embedding_size",
-              "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
-              "layer_norm_eps": "layer_norm_eps", "dropout": "hidden_dropout_prob"}
+_HF_CONFIG = {f.name: {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                       "dropout": "hidden_dropout_prob"}.get(f.name, f.name)
+              for f in fields(ModelConfig) if f.name not in ("tie_embeddings", "pretraining_only_layers")}
+# Where a directory keeps its weights, in the order from_pretrained looks (an index: the shards it names).
+_HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def hf_name(name, table=_HF_ENCODER):
@@ -378,6 +371,7 @@ def hf_name(name, table=_HF_ENCODER):
 
 def _read_hf(path):
     """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names."""
+    import safetensors.torch
     try:
         with open(os.path.join(path, "config.json")) as f:
             hf = {"hidden_dropout_prob": 0.0, **json.load(f)}  # a missing key: transformers' default
@@ -385,22 +379,31 @@ def _read_hf(path):
                              tie_embeddings=hf.get("tie_word_embeddings", False))
     except (KeyError, TypeError, ValueError, RecursionError) as e:  # (json.JSONDecodeError is a ValueError)
         raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
-    if hf.get("hidden_act", "gelu") not in ("gelu", "gelu_python") or hf.get("is_decoder"):  # (causal attention)
-        raise DataError(f"{path}/config.json: supported are encoders (is_decoder false) with hidden_act 'gelu'")
+    if (hf.get("model_type", "rembert") != "rembert" or hf.get("hidden_act", "gelu") not in ("gelu", "gelu_python")
+            or hf.get("is_decoder")):  # another architecture, another non-linearity, causal attention
+        raise DataError(f"{path}/config.json: supported are RemBERT encoders (model_type rembert, is_decoder false) "
+                        f"with hidden_act 'gelu'")
     if hf.get("attention_probs_dropout_prob", 0.0) != config.dropout:
         warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
-    if os.path.exists(os.path.join(path, "model.safetensors")):
-        import safetensors.torch
+    found = next((os.path.join(path, name) for name in _HF_WEIGHTS if os.path.exists(os.path.join(path, name))), None)
+    if found is None:
+        raise DataError(f"{path}: no weights ({' or '.join(_HF_WEIGHTS)})")
+    files = [found]
+    if found.endswith(".index.json"):  # sharded
         try:
-            state = safetensors.torch.load_file(os.path.join(path, "model.safetensors"))
+            with open(found) as f:
+                files = [os.path.join(path, str(name)) for name in sorted(set(json.load(f)["weight_map"].values()))]
+        except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as e:
+            raise DataError(f"{found}: not a shard index ({type(e).__name__}: {e})") from None
+    state = {}
+    for file in files:
+        try:
+            shard = safetensors.torch.load_file(file) if file.endswith(".safetensors") else load_checkpoint(file)
         except safetensors.SafetensorError as e:
-            raise DataError(f"{path}/model.safetensors: not a readable safetensors file ({e})") from None
-    elif os.path.exists(os.path.join(path, "pytorch_model.bin")):
-        state = load_checkpoint(os.path.join(path, "pytorch_model.bin"))
-    else:
-        raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
-    if not (isinstance(state, dict) and all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items())):
-        raise DataError(f"{path}: its weights are not a dict of named tensors")
+            raise DataError(f"{file}: not a readable safetensors file ({e})") from None
+        if not isinstance(shard, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in shard.items()):
+            raise DataError(f"{file}: its weights are not a dict of named tensors")
+        state.update(shard)
     return config, {k.removeprefix("rembert."): v for k, v in state.items()}
 
 
@@ -426,10 +429,9 @@ def _load_hf_encoder(encoder, state, path):
     if not pooler:  # as transformers does: the pooler keeps its initialisation
         names = {ours: theirs for ours, theirs in names.items() if not ours.startswith("pooler.")}
     if encoder.config.input_embedding_size == encoder.config.hidden_size:
-        # transformers always projects E_in to H; with E_in == H this model does not, which is the
-        # same computation only when the stored projection is the identity (as save_hf writes it).
+        # transformers always projects E_in to H, this model not when E_in == H: the same only for the identity.
         H = encoder.config.hidden_size
-        weight, bias = (state.get(_HF_PROJECTION + p, torch.empty(0)) for p in ("weight", "bias"))
+        weight, bias = (state.get(hf_name(f"embedding_projection.{p}"), torch.empty(0)) for p in ("weight", "bias"))
         if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
             raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
                             f"the identity; this implementation has no projection when E_in == H")
@@ -438,9 +440,8 @@ def _load_hf_encoder(encoder, state, path):
 
 
 def save_hf(model, path):
-    """Write `model` as transformers' RemBERT (config.json + model.safetensors): a MaskedLM as
-    RemBertForMaskedLM (its pre-training-only layers have no place there and are refused), an
-    Encoder as RemBertModel, a task head as the matching RemBertFor... class."""
+    """Write `model` as transformers' RemBERT (config.json, model.safetensors): a MaskedLM as RemBertForMaskedLM (its
+    pre-training-only layers have no place there: refused), an Encoder as RemBertModel, a task model as RemBertFor..."""
     from safetensors.torch import save_file
     if isinstance(model, MaskedLM):
         if model.config.pretraining_only_layers:
@@ -460,13 +461,12 @@ def save_hf(model, path):
     config = encoder.config
     state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()}
     if config.input_embedding_size == config.hidden_size:  # transformers always projects: the identity
-        state[prefix + _HF_PROJECTION + "weight"] = torch.eye(config.hidden_size)
-        state[prefix + _HF_PROJECTION + "bias"] = torch.zeros(config.hidden_size)
+        state[prefix + hf_name("embedding_projection.weight")] = torch.eye(config.hidden_size)
+        state[prefix + hf_name("embedding_projection.bias")] = torch.zeros(config.hidden_size)
     state.update(extra)
     hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
-    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu",
-                     tie_word_embeddings=config.tie_embeddings,
-                     attention_probs_dropout_prob=config.dropout, initializer_range=0.02, pad_token_id=0)
+    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu", pad_token_id=0,
+                     tie_word_embeddings=config.tie_embeddings, attention_probs_dropout_prob=config.dropout)
     if isinstance(model, (SequenceClassifier, TokenClassifier)):
         hf_config["num_labels"] = model.classifier.out_features
     os.makedirs(path, exist_ok=True)

@@ -340,8 +340,14 @@ def test_a_saved_state_must_fit_the_data_and_settings_but_not_the_path(tokenizer
         other.load_state_dict(relative.state_dict())
     (moved / "de.txt").write_text((moved / "de.txt").read_text() + "Noch ein Satz.\n")
     changed = data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32)
-    with pytest.raises(data.DataError, match=r"the corpus files \(name, size\) \['de', 'de.txt', \d+\] then"):
+    with pytest.raises(data.DataError, match=r"the corpus files \(language, name, size, lines\) \['de', 'de.txt', "):
         changed.load_state_dict(relative.state_dict())
+    # Edited in place to the same size, but two lines where there was one: the languages' shares have changed.
+    state = changed.state_dict()
+    text = (moved / "fr.txt").read_text()
+    (moved / "fr.txt").write_text(text.replace(" ", "\n", 1))
+    with pytest.raises(data.DataError, match=r"the corpus files .* \['fr', 'fr.txt', \d+, \d+\] then"):
+        data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32).load_state_dict(state)
 
 
 def test_lines_are_counted_once_and_kept_beside_the_corpus(tmp_path, monkeypatch):

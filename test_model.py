@@ -88,7 +88,7 @@ def test_encoder_and_heads_match_transformers(tmp_path):
     # With labels, the same losses: answer positions shaped (B, 1), one past the window (ignored), one negative.
     B, T = input_ids.shape
     tags = torch.randint(0, 7, (B, T)).masked_fill(attention_mask == 0, -100)
-    labels = {"RemBertForSequenceClassification": {"labels": torch.tensor([0, 2, 1])},
+    labels = {"RemBertForSequenceClassification": {"labels": torch.tensor([[0], [2], [1]])},  # (B, 1), as (B,)
               "RemBertForTokenClassification": {"labels": tags},
               "RemBertForQuestionAnswering": {"start_positions": torch.tensor([[3], [T + 4], [-1]]),
                                               "end_positions": torch.tensor([[5], [T], [2]])}}
@@ -278,13 +278,35 @@ def test_a_coupled_model_exports_and_loads_back_coupled(tmp_path):
         MaskedLM.from_hf(tmp_path / "apart")
 
 
-def test_a_decoder_or_another_activation_is_refused(tmp_path):
+def test_a_decoder_another_activation_or_another_architecture_is_refused(tmp_path):
     save_hf(Encoder(SMALL), tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    for change in ({"is_decoder": True}, {"hidden_act": "relu"}):  # a causal mask, another non-linearity
+    # A causal mask, another non-linearity, BERT's weights under a config that fits RemBERT's defaults.
+    for change in ({"is_decoder": True}, {"hidden_act": "relu"}, {"model_type": "bert"}):
         (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
-        with pytest.raises(DataError, match="supported are encoders .is_decoder false. with hidden_act 'gelu'"):
+        with pytest.raises(DataError, match="supported are RemBERT encoders .model_type rembert, is_decoder false. "
+                                            "with hidden_act 'gelu'"):
             Encoder.from_hf(tmp_path)
+
+
+def test_sharded_checkpoints_load_as_transformers_loads_them(tmp_path):
+    """A sharded save (an index naming its shards) is read whole, and before a pytorch_model.bin that an
+    earlier save left beside it, as from_pretrained reads them; a damaged index is refused by name."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    torch.save(transformers.RemBertForMaskedLM(hf_config(SMALL)).state_dict(), tmp_path / "pytorch_model.bin")
+    hf = transformers.RemBertForMaskedLM(hf_config(SMALL)).eval()
+    hf.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert len(list(tmp_path.glob("model-*.safetensors"))) > 2
+    ours = MaskedLM.from_hf(tmp_path).eval()
+    input_ids, token_type_ids, attention_mask = batch(SMALL)
+    with torch.no_grad():
+        reference = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+        torch.testing.assert_close(ours(input_ids, token_type_ids, attention_mask)[0], reference,
+                                   atol=1e-5, rtol=1e-5)
+    (tmp_path / "model.safetensors.index.json").write_text('{"weight_map": ["model-00001.safetensors"]}')
+    with pytest.raises(DataError, match="model.safetensors.index.json: not a shard index"):
+        MaskedLM.from_hf(tmp_path)
 
 
 def test_one_dropout_rate_or_a_warning(tmp_path):
