@@ -412,8 +412,8 @@ def by_language(examples, spec):
 
 
 def split_train(task, examples, fraction):
-    """The first `fraction` of the training file: whole articles for QA (a context never lands on
-    both sides), else lines/sentences. Returns (train examples, held_out(index, example) -> bool)."""
+    """The first `fraction` of the training file: whole articles for QA (a context never lands on both sides),
+    else sentences or lines, a premise's lines together. Returns (train examples, held_out(index, example) -> bool)."""
     if fraction == 1.0:
         return examples, lambda i, e: True
     if task.kind == "qa":
@@ -423,6 +423,9 @@ def split_train(task, examples, fraction):
         train_ids = {e.id for e in train}
         return train, lambda i, e: e.id not in train_ids
     n = math.ceil(fraction * len(examples))
+    if task.kind == "classification":  # XNLI gives three hypotheses a premise, on consecutive lines
+        while n < len(examples) and examples[n].sentence1 == examples[n - 1].sentence1:
+            n += 1
     return examples[:n], lambda i, e: i >= n
 
 

@@ -571,8 +571,13 @@ def test_train_fraction_holds_out_whole_articles_or_the_tail():
     train, held_out = finetune.split_train(task, examples, 0.5)
     assert [e.id for e in train] == [f"q{i}" for i in range(6)]
     assert [held_out(i, e) for i, e in enumerate(examples)] == [False] * 6 + [True] * 6
-    train, held_out = finetune.split_train(finetune.TASKS["xnli"], list(range(10)), 0.25)
-    assert train == [0, 1, 2] and [held_out(i, None) for i in range(10)] == [False] * 3 + [True] * 7
+    pairs = [data.PairExample(f"p{i}", "h", "neutral", "") for i in range(10)]
+    train, held_out = finetune.split_train(finetune.TASKS["pawsx"], pairs, 0.25)
+    assert train == pairs[:3] and [held_out(i, e) for i, e in enumerate(pairs)] == [False] * 3 + [True] * 7
+    # XNLI's premises come three times (a hypothesis each): never on both sides of the cut.
+    premises = [data.PairExample(f"p{i // 3}", f"h{i}", "neutral", "") for i in range(12)]
+    train, held_out = finetune.split_train(finetune.TASKS["xnli"], premises, 0.4)
+    assert len(train) == 6 and [held_out(i, e) for i, e in enumerate(premises)] == [False] * 6 + [True] * 6
 
 
 # ----------------------------------------------------------------------------------------------
