@@ -363,11 +363,12 @@ def test_xnli_zero_shot_holds_out_the_training_lines(files, tmp_path):
     results = json.loads((tmp_path / "results.json").read_text())
     assert list(results["results"]) == ["en", "de", "zh", "average"]
     assert set(results["per_seed"]) == {"1", "2"}
-    # The held-out tail: 1002 lines, the first ceil(0.99 * 1002) = 992 trained on, 10 evaluated.
+    # The held-out tail: of 1002 lines, ceil(0.99 * 1002) = 992 trained on and one more, the last of the premise
+    # on lines 990-992 (0-based: a premise has three lines); 9 evaluated.
     for lang in ("en", "de", "zh"):
         per_seed = [results["per_seed"][s][lang]["accuracy"] for s in ("1", "2")]
         assert results["results"][lang]["accuracy"] == pytest.approx(sum(per_seed) / 2)
-        assert all(a * 10 / 100 == pytest.approx(round(a * 10 / 100)) for a in per_seed)  # k of 10 correct
+        assert all(a * 9 / 100 == pytest.approx(round(a * 9 / 100)) for a in per_seed)  # k of 9 correct
     assert results["results"]["average"]["accuracy"] == pytest.approx(
         sum(results["results"][lang]["accuracy"] for lang in ("en", "de", "zh")) / 3)
 
