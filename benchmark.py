@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from configs import (CONFIGS, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line, resolve_device,
+from configs import (CONFIGS, GIVEN, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line, resolve_device,
                      run_script)
 from model import Encoder, MaskedLM, SequenceClassifier, save_hf
 
@@ -255,7 +255,7 @@ def bench_model(cfg):
 @dataclass
 class LoaderBenchmark:
     """data.MLMLoader's tokens/s and memory, streaming a corpus as pre-training does"""
-    data: str = flag("sample_data", "a text file or a directory of *.txt files, as pretrain.py's --data")
+    data: str = flag("sample_data", "a text file or a directory of *.txt files, as pretrain.py's --data", GIVEN)
     tokenizer: str = flag("", "SentencePiece model (default: trained on --data, as pretrain.py's default config)")
     num_workers: int = flag(1, "DataLoader workers", at_least(0))
     batch_size: int = flag(32, "sequences per batch", POSITIVE)

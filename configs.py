@@ -173,8 +173,8 @@ def add_flags(parser, cls, default_none=False):
         else:
             extra["type"] = kind
         shown = "" if default_none or default in (None, "", []) or kind is bool else f" (default: {default})"
-        parser.add_argument("--" + f.name.replace("_", "-"), default=default, help=f.metadata["help"] + shown,
-                            **extra)
+        text = (f.metadata["help"] + shown).replace("%", "%%")  # (argparse formats help with %)
+        parser.add_argument("--" + f.name.replace("_", "-"), default=default, help=text, **extra)
 
 
 def parse_flags(parser, argv=None):
@@ -227,6 +227,9 @@ def run_script(main):
     except (DataError, OSError, FloatingPointError) as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt:  # Ctrl-C: what was saved is intact (every save is atomic)
+        print(f"{sys.argv[0]}: interrupted", file=sys.stderr)
+        sys.exit(130)
     except RuntimeError as e:  # out of memory: torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU and XLA
         said = str(e)
         if not any(s in said.lower() for s in ("out of memory", "can't allocate memory", "resource_exhausted")):

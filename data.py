@@ -84,6 +84,8 @@ def corpus_files(data):
         if path.endswith((".gz", ".bz2", ".xz", ".zst")):
             raise DataError(f"{path}: a compressed file, which a stream cannot seek into for its share; "
                             f"decompress it first")
+        if path.endswith((".json", ".jsonl")):  # (mC4's and other corpora's form: their text is in a field)
+            raise DataError(f"{path}: a JSON file; a corpus is plain text, one sentence per line")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such file" + " (a directory)" * os.path.isdir(path))
     if not langs:

@@ -309,6 +309,8 @@ def score_files(task, gold_path, predictions_path, lang=None):
     predictions = read_json(predictions_path)
     if not isinstance(predictions, dict) or not all(isinstance(v, str) for v in predictions.values()):
         raise DataError(f"{predictions_path}: expected a JSON object {{question id: answer text}}")
+    if predictions and not predictions.keys() & {e.id for e in gold}:  # (some ids: the official scripts' business)
+        raise DataError(f"{predictions_path}: none of its question ids is in {gold_path} (another file's answers?)")
     return task_scores(task, gold, predictions, lang)
 
 
@@ -498,13 +500,13 @@ def main(argv=None):
     if kind == "xla":
         import torch_xla
     device = torch_xla.device() if kind == "xla" else torch.device(kind)
-    tokenizer = data.tokenizer_for(cfg.checkpoint, cfg.tokenizer)
     with warnings.catch_warnings():  # a directory without a masked-LM head: the probe needs none, Table 8 a trained one
         warnings.filterwarnings("error" if command == "mlm-accuracy" else "ignore", ".*no masked-LM head")
         try:
             model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
         except UserWarning as e:
             raise DataError(f"{e}; there is no masked-LM accuracy to measure") from None
+    tokenizer = data.tokenizer_for(cfg.checkpoint, cfg.tokenizer)
     length = cfg.seq_len if command == "mlm-accuracy" else cfg.max_len
     if tokenizer.vocab_size > model.config.vocab_size or length > model.config.max_position_embeddings:
         raise DataError(f"{tokenizer.model_file} ({tokenizer.vocab_size} pieces) or the length {length} does not fit "

@@ -86,7 +86,7 @@ class FinetuneConfig:
     max_train: int = flag(0, "use only the first N training examples (0: all)", at_least(0))
     eval: list[str] = flag([], "FILE or LANG=FILE (without LANG=: the file's language column, name or folder)", GIVEN)
     max_eval: int = flag(0, "evaluate only the first N examples per language (0: all)", at_least(0))
-    out_dir: str = flag("out/finetune", "fine-tuned models and results.json")
+    out_dir: str = flag("out/finetune", "fine-tuned models and results.json", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
     seq_len: int = flag(0, "pieces per sequence (0: 128, or 384 for QA)", (lambda v: v == 0 or v >= 8, "0 or >= 8"))
     doc_stride: int = flag(128, "QA: pieces between the starts of a context's windows", POSITIVE)
@@ -141,10 +141,12 @@ class PredictConfig:
 
     def __post_init__(self):
         check_flags(self)
-        if os.path.realpath(self.output) == os.path.realpath(self.input):
-            raise ValueError("--output is --input: the predictions would overwrite the file they are made from")
+        if os.path.exists(self.output):  # (the input, a results file: nothing is lost to a mistyped name)
+            raise ValueError(f"--output {self.output} exists: predictions replace no file; remove it or choose another")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(self.output))):
+            raise ValueError(f"--output {self.output}: no such directory")
         if os.path.dirname(os.path.realpath(self.output)) == os.path.realpath(self.model):
-            raise ValueError("--output is in --model's directory: the predictions could overwrite the model's files")
+            raise ValueError("--output is in --model's directory, which holds the model's files alone")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -393,6 +395,12 @@ def read_examples(task, path, labelled=True):
     return data.read_tagging(path, task.labels, labelled, spaces=task is not TASKS["panx"])
 
 
+def eval_spec(spec):
+    """--eval's LANG=FILE as (LANG, FILE); a FILE, also one whose path holds "=", as (None, FILE)."""
+    lang, _, path = spec.partition("=")
+    return (lang, path) if path and os.sep not in lang and not os.path.exists(spec) else (None, spec)
+
+
 def by_language(examples, spec):
     """{language: examples} of an --eval file: by its language column (XNLI 1.0) or question ids (TyDiQA-GoldP),
     else one language from LANG=FILE or the file's name or folder (dev-de.tsv, xquad.de.json, x-final/de/dev_2k.tsv;
@@ -401,7 +409,7 @@ def by_language(examples, spec):
                  for e in examples]
     if all(languages):  # in the order they first appear
         return {lang: [e for e, its in zip(examples, languages) if its == lang] for lang in dict.fromkeys(languages)}
-    name, path = spec.split("=", 1) if "=" in spec else (None, spec)
+    name, path = eval_spec(spec)
     if not name and (mlqa := re.search(r"context-([a-z]{2})-question", os.path.basename(path))):
         return {mlqa[1]: examples}
     for part in (os.path.basename(path), os.path.basename(os.path.dirname(path))):
@@ -433,7 +441,7 @@ def eval_sets(cfg, task, held_out):
     """{language: examples} of the --eval files, without what --train-fraction trained on."""
     sets = {}
     for spec in cfg.eval:
-        path = spec.split("=", 1)[-1]
+        path = eval_spec(spec)[1]
         if cfg.train_fraction == 1 and os.path.getsize(path) == os.path.getsize(cfg.train) and (
                 data.sha256(path) == data.sha256(cfg.train)):  # the same file, or a copy of it
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
@@ -466,9 +474,7 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
     optimizer = build_optimizer(model, lr, cfg.weight_decay)
     first = 0
     if os.path.exists(state_path):
-        state = load_checkpoint(state_path)
-        restore_training_state(runtime, state, state_path, model, optimizer)
-        first = state["step"]
+        first = restore_training_state(runtime, load_checkpoint(state_path), state_path, model, optimizer)
         log(f"resumed from {state_path} at step {first}")
 
     def batches():
@@ -595,9 +601,10 @@ def check_out_dir(cfg, runtime, log):
     ours = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING}
     for key in ("init", "tokenizer", "train"):  # a file however it is spelled: relative, absolute, via a link
         ours[key] = ours[key] and os.path.realpath(ours[key])
-    ours["eval"] = [re.sub(r"[^=]+$", lambda m: os.path.realpath(m.group()), spec) for spec in cfg.eval]
+    ours["eval"] = [f"{lang}={os.path.realpath(path)}" if lang else os.path.realpath(path)
+                    for lang, path in map(eval_spec, cfg.eval)]
     # And what they hold: a file changed at the same path would make a resumed run another run.
-    files = [ours["init"], ours["tokenizer"], ours["train"], *(spec.split("=", 1)[-1] for spec in ours["eval"])]
+    files = [ours["init"], ours["tokenizer"], ours["train"], *(eval_spec(spec)[1] for spec in cfg.eval)]
     read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model")  # of an --init dir
     files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
     digests = {f: data.sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
@@ -616,6 +623,8 @@ def check_out_dir(cfg, runtime, log):
         raise DataError(f"{cfg.out_dir} holds runs but no finetune-config.json (not written by finetune.py, or "
                         f"damaged); choose another --out-dir")
     theirs = evaluate.read_json(path)
+    if not isinstance(theirs, dict):
+        raise DataError(f"{path}: damaged (not a JSON object); choose another --out-dir")
     differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
               for k, v in ours.items() if k != "sha256" and theirs.get(k) != v]
     differ = differ or [f"{f}: changed since then" if "sha256" in theirs else f"{f}: no SHA-256 recorded then"

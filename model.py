@@ -51,10 +51,9 @@ class ModelConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            value = getattr(self, f.name)
-            if f.type is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0
-                                  or (value == 0 and f.name != "pretraining_only_layers")):
-                raise ValueError(f"ModelConfig.{f.name} must be a positive int, got {value!r}")
+            value, least = getattr(self, f.name), 0 if f.name == "pretraining_only_layers" else 1
+            if f.type is int and (not isinstance(value, int) or isinstance(value, bool) or value < least):
+                raise ValueError(f"ModelConfig.{f.name} must be an int >= {least}, got {value!r}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}")
         if self.tie_embeddings and self.input_embedding_size != self.output_embedding_size:
@@ -327,9 +326,8 @@ def count_parameters(model):
 
 
 def load_checkpoint(path, weights=True):
-    """torch.load of a file torch.save wrote, after checking the CRC-32 of every record in it:
-    torch.load itself reads without checking, so a damaged file would load with wrong weights.
-    weights=False reads only what is beside the tensors (memory-mapped, unchecked): for metadata."""
+    """torch.load, after checking the CRC-32 of every record (torch.load does not: a damaged file would give wrong
+    weights). weights=False reads only what is beside the tensors (memory-mapped, unchecked): for metadata."""
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip() if weights else None
@@ -408,7 +406,7 @@ def _read_hf(path):
 
 
 def _copy_tensors(module, state, names, path):
-    """Copy state[names[ours]] into each of `module`'s tensors, checking every name and shape."""
+    """Copy state[names[ours]] into each of `module`'s tensors, checking every name, shape and value."""
     own = module.state_dict()
     with torch.no_grad():
         for ours, theirs in names.items():
@@ -417,6 +415,8 @@ def _copy_tensors(module, state, names, path):
             if state[theirs].shape != own[ours].shape:
                 raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
                                 f"{ours} needs {tuple(own[ours].shape)}")
+            if not state[theirs].isfinite().all():  # a damaged or diverged model: no use to train or measure
+                raise DataError(f"{path}: {theirs} holds NaN or infinite values")
             own[ours].copy_(state[theirs])
 
 

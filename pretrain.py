@@ -45,8 +45,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from configs import (CONFIGS, DEVICE, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags, flag,
-                     one_of, parse_flags, resolve_device, run_script)
+from configs import (CONFIGS, DEVICE, GIVEN, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags,
+                     flag, one_of, parse_flags, resolve_device, run_script)
 from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
 from model import DataError, MaskedLM, ModelConfig, count_parameters, load_checkpoint
 
@@ -55,14 +55,14 @@ from model import DataError, MaskedLM, ModelConfig, count_parameters, load_check
 class TrainConfig:
     config: str = flag("tiny", f"model from configs.py: {', '.join(CONFIGS)}", one_of(CONFIGS))
     data: str = flag("sample_data", "a text file or a directory of *.txt files, one sentence per line, a blank "
-                                    "line between documents")
+                                    "line between documents", GIVEN)
     tokenizer: str = flag("out/tokenizer/spm.model", "SentencePiece model; trained on --data with the config's "
                                                      "vocab_size if missing", (lambda v: v.endswith(".model"),
                                                                                "a file name ending in .model"))
-    out_dir: str = flag("out/pretrain", "where checkpoints go")
+    out_dir: str = flag("out/pretrain", "where checkpoints go", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
-    max_predictions: int = flag(20, "masked positions per sequence (15%% of seq_len)", POSITIVE)
+    max_predictions: int = flag(20, "masked positions per sequence (15% of seq_len)", POSITIVE)
     batch_size: int = flag(32, "sequences per micro-batch per process", POSITIVE)
     grad_accum: int = flag(1, "micro-batches per optimizer step", POSITIVE)
     num_workers: int = flag(0, "DataLoader processes making batches (0: in this one)", at_least(0))
@@ -330,14 +330,19 @@ def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, 
 
 
 def restore_training_state(runtime, state, path, model, optimizer):
-    """Weights, optimizer and this process's RNG from a saved state (pretrain.py's checkpoints and
-    finetune.py's). Each process saved its own RNG (and data position), so the process count must match."""
-    if len(state["rng"]) != runtime.world_size:
-        raise DataError(f"{path} was written by {len(state['rng'])} processes, this run has "
+    """Weights, optimizer and this process's RNG from a saved state (pretrain.py's checkpoints and finetune.py's);
+    returns its step. Each process saved its own RNG (and data position), so the process count must match."""
+    try:
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        step, rng = state["step"], state["rng"]
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another program's file, another model's state
+        raise DataError(f"{path}: not a training state of this model ({type(e).__name__}: {e})") from None
+    if len(rng) != runtime.world_size:
+        raise DataError(f"{path} was written by {len(rng)} processes, this run has "
                         f"{runtime.world_size}: the processes' data and random draws would not line up")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    runtime.set_rng_state(state["rng"][runtime.rank])
+    runtime.set_rng_state(rng[runtime.rank])
+    return step
 
 
 @contextlib.contextmanager
@@ -468,9 +473,8 @@ def train(model_config, cfg):
                             f"{cfg.tokenizer} is another one (or has changed since)")
         if checkpoint["step"] > cfg.steps:
             raise DataError(f"{path} is at step {checkpoint['step']}, past --steps {cfg.steps}")
-        restore_training_state(runtime, checkpoint, path, raw_model, optimizer)
+        step = restore_training_state(runtime, checkpoint, path, raw_model, optimizer)
         loader.load_state_dict(checkpoint["loader"][runtime.rank])
-        step = checkpoint["step"]
         log(f"resumed from {path} at step {step}")
         if cfg.steps != checkpoint["train_config"].get("steps", cfg.steps):  # --steps may grow
             log(f"--steps {cfg.steps}: the learning rate decays to 0 at step {cfg.steps} now, no longer at step "

@@ -36,7 +36,7 @@ import data
 import evaluate
 import finetune
 import pretrain
-from configs import at_least, check_flags, flag, parse_command_line, resolve_device, run_script
+from configs import GIVEN, at_least, check_flags, flag, parse_command_line, resolve_device, run_script
 from model import DataError, ModelConfig, count_parameters
 
 SHARED = Path(__file__).resolve().parent.parent / "shared" / "data"
@@ -102,9 +102,10 @@ PAPER = [("Table 2, coupled (E 768)", 70.7, 69.2, 61.1), ("Table 2, decoupled (E
 
 @dataclass
 class ReproduceConfig:
-    data: str = flag(str(SHARED / "corpus"), "pre-training text: a directory of *.txt files (searched recursively)")
-    tasks: str = flag(str(SHARED), "task data: ner/panx, xnli, xquad as in ../shared/data")
-    out_dir: str = flag("out/reproduce", "results, plots and every model")
+    data: str = flag(str(SHARED / "corpus"), "pre-training text: a directory of *.txt files, searched recursively",
+                     GIVEN)
+    tasks: str = flag(str(SHARED), "task data: ner/panx, xnli, xquad as in ../shared/data", GIVEN)
+    out_dir: str = flag("out/reproduce", "results, plots and every model", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda (cuda runs the gpu preset)",
                        (lambda v: v in ("auto", "cpu", "cuda") and resolve_device(v), "auto, cpu or cuda"))
     quick: bool = flag(False, "the tiny preset: the whole pipeline in a few minutes")
@@ -114,6 +115,13 @@ class ReproduceConfig:
         check_flags(self)
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("reproduce.py draws its figures with matplotlib: pip install matplotlib")
+        if (os.path.realpath(self.out_dir) + os.sep).startswith(os.path.realpath(self.data) + os.sep):
+            raise ValueError("--out-dir is inside --data: its copies of the corpus would be read as more corpus")
+        files = ["ner/panx/train-en.tsv", "xquad/xquad.en.json", "xquad/xquad.de.json",
+                 *(f"ner/panx/dev-{lang}.tsv" for lang in PANX_LANGS), *(f"xnli/dev-{lang}.tsv" for lang in XNLI_LANGS)]
+        if missing := [f for f in files if not os.path.isfile(os.path.join(self.tasks, f))]:
+            raise ValueError(f"--tasks {self.tasks} has no {missing[0]} (it needs ner/panx, xnli, xquad as "
+                             f"../shared/data has them)")
 
 
 def split_corpus(source, out):

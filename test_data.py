@@ -395,6 +395,7 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
         "ru.txt": ("первая строка\n\nвторая\n".encode() + b"caf\xe9\n", r"ru.txt:4: not UTF-8"),
         "bin.txt": (b"text\n" + b"\0" * 4096, r"bin.txt:2: a NUL byte: not a text file"),
         "el.txt.gz": (b"\x1f\x8b\x08\x00", r"el.txt.gz: a compressed file"),
+        "xquad.de.json": (b'{"data": []}\n', r"xquad.de.json: a JSON file; a corpus is plain text"),
         "mac.txt": (b"one\ntwo\rthree\r", r"mac.txt:2: lines that end in a carriage return alone"),  # old Mac OS
     }
     for name, (content, message) in cases.items():

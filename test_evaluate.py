@@ -509,6 +509,9 @@ def test_score_qa(tmp_path, capsys):
     assert "question 'x' has no gold answer" in score_error(capsys, "xquad", removed, predictions)
     twice = write(tmp_path / "g.json", json.dumps({"data": squad(("q1", ["Hund"]), ("q1", ["Katze"]))}))
     assert "g.json: question 'q1': this id is used twice" in score_error(capsys, "xquad", twice, predictions)
+    # Answers to another file's questions (no id in common): not a score of 0, a mistake said as such.
+    other = write(tmp_path / "other.json", json.dumps({"a1": "Hund", "a2": "Katze"}))
+    assert "other.json: none of its question ids is in" in score_error(capsys, "xquad", gold, other)
 
 
 def test_score_real_xquad_gold_answers(capsys, tmp_path):
@@ -666,6 +669,10 @@ def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path)
     out = subprocess.run(command + ["--tokenizer", other.model_file], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
     assert f"{other.model_file} is not the tokenizer {tmp_path / 'ckpt.pt'} was trained with" in out.stderr
+    # Another program's checkpoint (finetune.py's training state) is named as such, not sent for a tokenizer.
+    torch.save({"model": model.state_dict(), "optimizer": {}, "step": 1, "rng": []}, tmp_path / "ckpt.pt")
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 2 and "ckpt.pt: not a pretrain.py checkpoint" in out.stderr, out.stderr
 
 
 def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(tmp_path, capsys):

@@ -6,6 +6,7 @@ are refused by name; the saved model predicts with `finetune.py predict`, and `e
 reproduces the table."""
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -19,9 +20,9 @@ from safetensors.torch import load_file
 import data
 import evaluate
 import finetune
-from configs import parse_command_line
+from configs import CONFIGS, parse_command_line
 from evaluate import CLASSIFICATION_LABELS, MLQA_LANGUAGES, TAGGING_LABELS
-from model import DataError
+from model import DataError, MaskedLM
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
@@ -164,7 +165,7 @@ def test_command_line_errors_are_clear(files, capsys):
             "--eval", unnamed, *SMALL_ARGS)
 
 
-def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
+def test_settings_the_optimiser_would_take_silently_are_refused(capsys, tmp_path):
     for flags, message in ((["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
                            (["--warmup-fraction", "nan"], "--warmup-fraction must be in [0, 1), got nan"),
                            (["--max-grad-norm", "-1"], "--max-grad-norm must be a positive number, got -1.0"),
@@ -189,7 +190,7 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys):
         finetune.FinetuneConfig(**{**settings, "task": "xquad"}, seq_len=67)
     assert finetune.FinetuneConfig(**{**settings, "task": "xquad"}, seq_len=68).seq_len == 68
     with pytest.raises(ValueError, match="--output is in --model's directory"):
-        finetune.PredictConfig(model="run", task="panx", input="x.tsv", output="run/finetune.json")
+        finetune.PredictConfig(model=str(tmp_path), task="panx", input="x.tsv", output=str(tmp_path / "pred.tsv"))
 
 
 def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp_path):
@@ -470,6 +471,15 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
     (saved / "train-state.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
     with pytest.raises(DataError, match=r"train-state.pt: damaged or not a checkpoint"):
         run(*args, "--resume")
+    # Intact files, but not this run's training state: another model's, or another program's.
+    for state in ({"model": MaskedLM(CONFIGS["tiny"]).state_dict(), "optimizer": {}, "step": 1, "rng": [None]},
+                  {"model": {}, "x": 1}):
+        torch.save(state, saved / "train-state.pt")
+        with pytest.raises(DataError, match=r"train-state.pt: not a training state of this model"):
+            run(*args, "--resume")
+    (tmp_path / "finetune-config.json").write_text("[1, 2]")
+    with pytest.raises(DataError, match=r"finetune-config.json: damaged \(not a JSON object\)"):
+        run(*args, "--resume")
 
 
 def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
@@ -484,13 +494,19 @@ def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
     with pytest.raises(DataError, match="fine-tuned for xnli; it cannot predict pawsx's labels"):
         finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "pawsx",
                        "--input", str(root / "pairs-en.tsv"), "--output", str(tmp_path / "out.txt")])
-    for flags, message in ((["--output", str(tmp_path / "." / "in.tsv")], "--output is --input"),
+    (tmp_path / "results.json").write_text("{}")  # predictions replace no file: not the input, not a results file
+    os.link(tmp_path / "in.tsv", tmp_path / "linked.tsv")  # (the input by another name)
+    for flags, message in ((["--output", str(tmp_path / "." / "in.tsv")], "in.tsv exists: predictions replace no file"),
+                           (["--output", str(tmp_path / "linked.tsv")], "linked.tsv exists"),
+                           (["--output", str(tmp_path / "results.json")], "results.json exists"),
+                           (["--output", str(tmp_path / "none" / "out.txt")], "out.txt: no such directory"),
                            (["--output", str(tmp_path / "out.txt"), "--batch-size", "0"], "--batch-size must be")):
         out = subprocess.run([sys.executable, "finetune.py", "predict", "--model", str(tmp_path / "run" / "lr-0.001" /
                               "seed-0"), "--task", "xnli", "--input", str(tmp_path / "in.tsv"), *flags],
                              cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     assert (tmp_path / "in.tsv").read_text() == "a\tb\tentailment\nc\n"  # the input is never overwritten
+    assert (tmp_path / "results.json").read_text() == "{}"
 
 
 def test_evaluation_sets_that_would_mislead_are_refused(files, tmp_path):
@@ -519,6 +535,17 @@ def test_languages_of_an_evaluation_file():
     assert list(finetune.by_language([data.PairExample("a", "b", "0", "x")], "x-final/ko/dev_2k.tsv")) == ["ko"]
     mlqa = [data.SquadExample("5a1b", "?", "c", [], 0, "x")]
     assert list(finetune.by_language(mlqa, "mlqa/dev-context-de-question-en.json")) == ["de"]  # the contexts'
+    assert finetune.eval_spec("de=dev.tsv") == ("de", "dev.tsv")
+
+
+def test_an_eval_file_whose_path_holds_an_equals_sign_is_that_file(files, tmp_path):
+    root, spm = files
+    odd = tmp_path / "a=b"  # not the language "…/a" of a file "b/dev-es.tsv", which may exist elsewhere
+    odd.mkdir()
+    shutil.copyfile(root / "dev-pairs-en.tsv", odd / "dev-es.tsv")
+    table = run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+                "--eval", odd / "dev-es.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
+    assert list(table) == ["es", "average"]
 
 
 class FakeRuntime:

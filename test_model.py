@@ -322,13 +322,17 @@ def test_one_dropout_rate_or_a_warning(tmp_path):
         Encoder.from_hf(tmp_path)
 
 
-def test_from_hf_shape_mismatch_names_the_tensor(tmp_path):
+def test_from_hf_names_a_tensor_of_another_shape_or_not_finite(tmp_path):
     transformers = pytest.importorskip("transformers")
     hf = transformers.RemBertForMaskedLM(hf_config(SMALL))
+    with torch.no_grad():
+        hf.rembert.encoder.layer[1].output.dense.weight[0, 0] = float("nan")  # damaged, or a diverged run's
     hf.save_pretrained(tmp_path)
+    with pytest.raises(DataError, match=r"encoder.layer.1.output.dense.weight holds NaN or infinite values"):
+        MaskedLM.from_hf(tmp_path)
     hf.config.intermediate_size = 65  # the config now lies about the weights
     hf.config.to_json_file(tmp_path / "config.json")
-    with pytest.raises(ValueError, match="intermediate.dense.weight"):
+    with pytest.raises(DataError, match="intermediate.dense.weight"):
         MaskedLM.from_hf(tmp_path)
 
 
@@ -477,9 +481,9 @@ def test_heads_train_on_a_toy_task():
 @pytest.mark.parametrize("changes, message", [
     (dict(num_heads=5), "not divisible by num_heads"),
     (dict(tie_embeddings=True), "input_embedding_size == output_embedding_size"),
-    (dict(num_layers=0), "num_layers must be a positive int"),
-    (dict(pretraining_only_layers=-1), "pretraining_only_layers"),
-    (dict(hidden_size=32.0), "hidden_size must be a positive int"),
+    (dict(num_layers=0), "num_layers must be an int >= 1, got 0"),
+    (dict(pretraining_only_layers=-1), "pretraining_only_layers must be an int >= 0, got -1"),
+    (dict(hidden_size=32.0), "hidden_size must be an int >= 1, got 32.0"),
     (dict(dropout=1.0), "dropout"),
 ])
 def test_impossible_configs_fail_clearly(changes, message):

@@ -2,6 +2,7 @@
 model, the NaN guards, crash-safe and verified checkpoints, exact resume after SIGKILL, DDP on 2 CPU
 processes and the XLA path."""
 
+import importlib
 import os
 import random
 import signal
@@ -117,10 +118,29 @@ def test_overrides_are_typed_and_checked(capsys):
         (["--tokenizer", "out/spm"], "--tokenizer must be a file name ending in .model, got 'out/spm'"),  # [CLS] and [SEP] leave no piece
         (["--layer-norm-eps", "-1"], "ModelConfig.layer_norm_eps must be a positive number, got -1.0"),
         (["--layer-norm-eps", "nan"], "ModelConfig.layer_norm_eps must be a positive number, got nan"),
+        (["--out-dir", ""], "--out-dir must be given"),
+        (["--data", ""], "--data must be given"),
     ]:
         with pytest.raises(SystemExit):
             pretrain.parse_args(argv)
         assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["pretrain", "finetune", "finetune predict", "evaluate score",
+                                     "evaluate mlm-accuracy", "evaluate translation-probe", "benchmark model",
+                                     "benchmark loader", "reproduce", "configs"])
+def test_every_command_prints_its_help(command, capsys):
+    script, *words = command.split()
+    with pytest.raises(SystemExit) as exit:
+        importlib.import_module(script).main([*words, "--help"])
+    out = capsys.readouterr()
+    assert exit.value.code == 0 and out.out.startswith("usage:") and not out.err
+
+
+def test_ctrl_c_is_one_line():
+    code = "from configs import run_script\ndef main():\n    raise KeyboardInterrupt\nrun_script(main)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert out.returncode == 130 and out.stderr == "-c: interrupted\n", out.stderr
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+import reproduce
+
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
 
@@ -39,10 +41,23 @@ def test_a_damaged_setup_and_a_bad_flag_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "setup.json").write_text("")
     (tmp_path / "other").mkdir()  # results of another preset, with no setup.json beside them
     (tmp_path / "other" / "results.json").write_text(json.dumps({"setup": {"preset": {}}, "results": {}}))
+    tasks = tmp_path / "tasks"  # the task files' names: checked at the start, read after pre-training
+    for name in ["ner/panx/train-en.tsv", "xquad/xquad.en.json", "xquad/xquad.de.json",
+                 *(f"ner/panx/dev-{lang}.tsv" for lang in reproduce.PANX_LANGS),
+                 *(f"xnli/dev-{lang}.tsv" for lang in reproduce.XNLI_LANGS)]:
+        (tasks / name).parent.mkdir(parents=True, exist_ok=True)
+        (tasks / name).write_text("")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "en.txt").write_text("A sentence.\nAnother one.\n")
     for flags, message in ((["--out-dir", str(tmp_path)], "setup.json: empty file"), (["--seeds", "-1"], "--seeds"),
                            (["--out-dir", str(tmp_path / "other")], "results.json holds results of another preset"),
-                           (["--out-dir", str(tmp_path / "new"), "--data", str(tmp_path / "none")], "no *.txt files")):
-        out = subprocess.run([sys.executable, "reproduce.py", "--quick", *flags], cwd=REPO, capture_output=True,
-                             text=True)
+                           (["--out-dir", str(tmp_path / "new"), "--data", str(tmp_path / "none")], "no *.txt files"),
+                           (["--out-dir", str(tmp_path / "new"), "--tasks", str(tmp_path / "other")],
+                            "has no ner/panx/train-en.tsv"),
+                           (["--out-dir", str(corpus / "out"), "--data", str(corpus)], "--out-dir is inside --data")):
+        extra = [] if "--tasks" in flags else ["--tasks", str(tasks)]
+        out = subprocess.run([sys.executable, "reproduce.py", "--quick", *flags, *extra], cwd=REPO,
+                             capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     assert not (tmp_path / "new" / "setup.json").exists()  # the wrong --data did not claim the directory
