@@ -227,7 +227,7 @@ def run_script(main):
     except (DataError, OSError, FloatingPointError) as e:
         print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # Ctrl-C: what was saved is intact (every save is atomic)
+    except KeyboardInterrupt:  # Ctrl-C: checkpoints, results and predictions are written whole or not at all
         print(f"{sys.argv[0]}: interrupted", file=sys.stderr)
         sys.exit(130)
     except RuntimeError as e:  # out of memory: torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU and XLA

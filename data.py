@@ -540,7 +540,8 @@ class MLMLoader:
         saved = state.get("fingerprint", {})
         differ = [f"{key} {saved.get(key)!r} then, {value!r} now" for key, value in self._fingerprint.items()
                   if key != "files" and saved.get(key) != value]
-        files = [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"]) if a != b]
+        files = [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"])
+                 if a != (b or [])[:len(a or [])]]  # (a state saved before line counts were kept: the rest)
         if files:
             differ.append(f"the corpus files (language, name, size, lines) {files[0][0]} then, {files[0][1]} now")
         if differ:
@@ -656,10 +657,7 @@ def read_pairs(path, labels=None, labelled=False):
         if len(row) != width:
             expected = "the header's" if columns else "sentence1<TAB>sentence2" + "<TAB>label" * (width == 3)
             raise DataError(f"{where}: {len(row)} tab-separated fields; expected {width}: {expected}")
-        if columns:
-            row = [row[i] if i is not None else None for i in columns]
-        else:
-            row = row + [None] * (4 - len(row))
+        row = [None if i is None else row[i] for i in columns] if columns else row + [None] * (4 - len(row))
         label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])
         if labels is not None and label is not None:
             check_label(label, labels, where)

@@ -309,8 +309,8 @@ def score_files(task, gold_path, predictions_path, lang=None):
     predictions = read_json(predictions_path)
     if not isinstance(predictions, dict) or not all(isinstance(v, str) for v in predictions.values()):
         raise DataError(f"{predictions_path}: expected a JSON object {{question id: answer text}}")
-    if predictions and not predictions.keys() & {e.id for e in gold}:  # (some ids: the official scripts' business)
-        raise DataError(f"{predictions_path}: none of its question ids is in {gold_path} (another file's answers?)")
+    if not predictions.keys() & {e.id for e in gold}:  # (answers to some: the official scripts score them)
+        raise DataError(f"{predictions_path}: answers none of the questions of {gold_path} (another file's answers?)")
     return task_scores(task, gold, predictions, lang)
 
 

@@ -442,6 +442,8 @@ def eval_sets(cfg, task, held_out):
     sets = {}
     for spec in cfg.eval:
         path = eval_spec(spec)[1]
+        if not os.path.isfile(path):
+            raise DataError(f"--eval {spec}: no such file")
         if cfg.train_fraction == 1 and os.path.getsize(path) == os.path.getsize(cfg.train) and (
                 data.sha256(path) == data.sha256(cfg.train)):  # the same file, or a copy of it
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
@@ -568,7 +570,8 @@ def predict_file(cfg):
     runtime = setup_runtime(cfg.device)
     examples = read_examples(task, cfg.input, labelled=False)
     predictions = predict_examples(model.to(runtime.device), tokenizer, task, examples, info, cfg.batch_size, runtime)
-    with open(cfg.output, "w", encoding="utf-8") as f:
+    tmp = f"{cfg.output}.{os.getpid()}.tmp"  # written whole, then renamed: a crash leaves no half file
+    with open(tmp, "w", encoding="utf-8") as f:
         if task.kind == "qa":
             json.dump(predictions, f, ensure_ascii=False)
         elif task.kind == "tagging":
@@ -576,6 +579,7 @@ def predict_file(cfg):
                               for e, tags in zip(examples, predictions)))
         else:
             f.write("".join(label + "\n" for label in predictions))
+    os.replace(tmp, cfg.output)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -604,7 +608,7 @@ def check_out_dir(cfg, runtime, log):
     ours["eval"] = [f"{lang}={os.path.realpath(path)}" if lang else os.path.realpath(path)
                     for lang, path in map(eval_spec, cfg.eval)]
     # And what they hold: a file changed at the same path would make a resumed run another run.
-    files = [ours["init"], ours["tokenizer"], ours["train"], *(eval_spec(spec)[1] for spec in cfg.eval)]
+    files = [ours["init"], ours["tokenizer"], ours["train"], *(eval_spec(spec)[1] for spec in ours["eval"])]
     read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model")  # of an --init dir
     files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
     digests = {f: data.sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None

@@ -51,7 +51,8 @@ class ModelConfig:
 
     def __post_init__(self):
         for f in fields(self):
-            value, least = getattr(self, f.name), 0 if f.name == "pretraining_only_layers" else 1
+            value = getattr(self, f.name)
+            least = 0 if f.name == "pretraining_only_layers" else 1
             if f.type is int and (not isinstance(value, int) or isinstance(value, bool) or value < least):
                 raise ValueError(f"ModelConfig.{f.name} must be an int >= {least}, got {value!r}")
         if self.hidden_size % self.num_heads:
@@ -105,6 +106,8 @@ class Layer(nn.Module):
 def attention_bias(attention_mask):
     """(B, T) padding mask (non-zero: a token, as transformers reads it) -> additive bias (B, 1, 1, T). A large
     negative number rather than -inf keeps an all-padding row (a padded evaluation batch) finite instead of NaN."""
+    if attention_mask is None:
+        return None
     return attention_mask[:, None, None, :].logical_not().float() * torch.finfo(torch.float32).min
 
 
@@ -149,7 +152,7 @@ class Encoder(nn.Module):
         and the last layer's output, each (B, T, H)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = None if attention_mask is None else attention_bias(attention_mask)
+        mask = attention_bias(attention_mask)
         x = self.embedding_projection(self.embeddings(input_ids, token_type_ids))  # (B, T, H)
         hidden_states = [x]
         for layer in self.layers:
@@ -203,7 +206,7 @@ class MaskedLM(nn.Module):
         """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None; with `masked_ids`
         (B, P), the loss: the mean cross-entropy weighted by `masked_weights` (0: padding), or else by ids != -100."""
         x = self.encoder(input_ids, token_type_ids, attention_mask)
-        mask = None if attention_mask is None else attention_bias(attention_mask)
+        mask = attention_bias(attention_mask)
         for layer in self.pretraining_layers:
             x = layer(x, mask)
         if masked_positions is not None:  # google-research/bert's gather_indexes: (B, T, H) -> (B, P, H)
@@ -231,7 +234,7 @@ class MaskedLM(nn.Module):
     @classmethod
     def from_hf(cls, path):
         """A RemBERT directory in the Hugging Face layout, as `save_pretrained` writes it (e.g. google/rembert; its
-        weights as `_HF_WEIGHTS` says). The released checkpoint has no MLM head: the head keeps its initialisation."""
+        weights in one file). The released checkpoint has no MLM head: the head keeps its initialisation."""
         config, state = _read_hf(path)
         model = cls(config)
         _load_hf_encoder(model.encoder, state, path)
@@ -350,10 +353,12 @@ _HF_LAYER = {"attention.query": "attention.self.query", "attention.key": "attent
              "attention_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
              "output": "output.dense", "output_norm": "output.LayerNorm"}
 _HF_HEAD = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
-_HF_CONFIG = {f.name: {"num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
-                       "dropout": "hidden_dropout_prob"}.get(f.name, f.name)
-              for f in fields(ModelConfig) if f.name not in ("tie_embeddings", "pretraining_only_layers")}
-# Where a directory keeps its weights, in the order from_pretrained looks (an index: the shards it names).
+_HF_CONFIG = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+              "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+              "input_embedding_size": "input_embedding_size", "output_embedding_size": "output_embedding_size",
+              "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+              "layer_norm_eps": "layer_norm_eps", "dropout": "hidden_dropout_prob"}
+# Where a directory keeps its weights, in the order from_pretrained looks (an index names the shards of one).
 _HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
@@ -385,23 +390,15 @@ def _read_hf(path):
         warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
     found = next((os.path.join(path, name) for name in _HF_WEIGHTS if os.path.exists(os.path.join(path, name))), None)
     if found is None:
-        raise DataError(f"{path}: no weights ({' or '.join(_HF_WEIGHTS)})")
-    files = [found]
-    if found.endswith(".index.json"):  # sharded
-        try:
-            with open(found) as f:
-                files = [os.path.join(path, str(name)) for name in sorted(set(json.load(f)["weight_map"].values()))]
-        except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as e:
-            raise DataError(f"{found}: not a shard index ({type(e).__name__}: {e})") from None
-    state = {}
-    for file in files:
-        try:
-            shard = safetensors.torch.load_file(file) if file.endswith(".safetensors") else load_checkpoint(file)
-        except safetensors.SafetensorError as e:
-            raise DataError(f"{file}: not a readable safetensors file ({e})") from None
-        if not isinstance(shard, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in shard.items()):
-            raise DataError(f"{file}: its weights are not a dict of named tensors")
-        state.update(shard)
+        raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
+    if found.endswith(".index.json"):  # (what lies beside it may be an earlier save's: not read instead)
+        raise DataError(f"{found}: a checkpoint in shards, not read here; save it as one file (max_shard_size)")
+    try:
+        state = safetensors.torch.load_file(found) if found.endswith(".safetensors") else load_checkpoint(found)
+    except safetensors.SafetensorError as e:
+        raise DataError(f"{found}: not a readable safetensors file ({e})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+        raise DataError(f"{found}: its weights are not a dict of named tensors")
     return config, {k.removeprefix("rembert."): v for k, v in state.items()}
 
 

@@ -333,16 +333,17 @@ def restore_training_state(runtime, state, path, model, optimizer):
     """Weights, optimizer and this process's RNG from a saved state (pretrain.py's checkpoints and finetune.py's);
     returns its step. Each process saved its own RNG (and data position), so the process count must match."""
     try:
+        if len(state["rng"]) != runtime.world_size:
+            raise DataError(f"{path} was written by {len(state['rng'])} processes, this run has "
+                            f"{runtime.world_size}: the processes' data and random draws would not line up")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        step, rng = state["step"], state["rng"]
+        runtime.set_rng_state(state["rng"][runtime.rank])
+        return state["step"]
+    except DataError:
+        raise
     except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another program's file, another model's state
         raise DataError(f"{path}: not a training state of this model ({type(e).__name__}: {e})") from None
-    if len(rng) != runtime.world_size:
-        raise DataError(f"{path} was written by {len(rng)} processes, this run has "
-                        f"{runtime.world_size}: the processes' data and random draws would not line up")
-    runtime.set_rng_state(rng[runtime.rank])
-    return step
 
 
 @contextlib.contextmanager

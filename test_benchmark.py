@@ -60,6 +60,7 @@ def test_loader_command_streams_the_corpus_it_is_given():
 
 def test_bad_settings_are_refused(tmp_path):
     for command, message in ((["loader", "--data", str(tmp_path)], "no *.txt files in this directory"),
+                             (["loader", "--data", ""], "--data must be given"),
                              (["loader", "--batch-size", "0"], "--batch-size must be a positive number, got 0"),
                              (["loader", "--seconds", "inf"], "--seconds must be a positive number, got inf"),
                              (["model", "--config", "tiny", "--threads", "0"], "--threads must be in [1, "),

@@ -158,6 +158,9 @@ def test_command_line_errors_are_clear(files, capsys):
     with pytest.raises(SystemExit):
         parse_command_line(finetune.__doc__, finetune.FinetuneConfig, ["--resume", "--no-resume"])
     assert "--resume is given twice" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse("--task", "xnli", "--config", "tiny", "--train", "x", "--eval", "y", "--out-dir", "")
+    assert "--out-dir must be given" in capsys.readouterr().err
     unnamed = root / "pairs.tsv"
     unnamed.write_text((root / "dev-pairs-en.tsv").read_text())
     with pytest.raises(DataError, match="--eval .*pairs.tsv: cannot tell the language"):
@@ -472,10 +475,12 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"train-state.pt: damaged or not a checkpoint"):
         run(*args, "--resume")
     # Intact files, but not this run's training state: another model's, or another program's.
-    for state in ({"model": MaskedLM(CONFIGS["tiny"]).state_dict(), "optimizer": {}, "step": 1, "rng": [None]},
-                  {"model": {}, "x": 1}):
+    for state, message in (({"model": MaskedLM(CONFIGS["tiny"]).state_dict(), "optimizer": {}, "step": 1,
+                             "rng": [None]}, "not a training state of this model"),
+                           ({"model": {}, "x": 1}, "not a training state of this model"),
+                           ({"rng": [None, None]}, "was written by 2 processes, this run has 1")):
         torch.save(state, saved / "train-state.pt")
-        with pytest.raises(DataError, match=r"train-state.pt: not a training state of this model"):
+        with pytest.raises(DataError, match=rf"train-state.pt:? {message}"):
             run(*args, "--resume")
     (tmp_path / "finetune-config.json").write_text("[1, 2]")
     with pytest.raises(DataError, match=r"finetune-config.json: damaged \(not a JSON object\)"):
@@ -538,14 +543,20 @@ def test_languages_of_an_evaluation_file():
     assert finetune.eval_spec("de=dev.tsv") == ("de", "dev.tsv")
 
 
-def test_an_eval_file_whose_path_holds_an_equals_sign_is_that_file(files, tmp_path):
+def test_an_eval_file_whose_path_holds_an_equals_sign_is_that_file(files, tmp_path, monkeypatch):
     root, spm = files
-    odd = tmp_path / "a=b"  # not the language "…/a" of a file "b/dev-es.tsv", which may exist elsewhere
+    monkeypatch.chdir(tmp_path)
+    odd = Path("a=b")  # not the language "a" of a file "b/dev-es.tsv", which may exist too
     odd.mkdir()
     shutil.copyfile(root / "dev-pairs-en.tsv", odd / "dev-es.tsv")
-    table = run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
-                "--eval", odd / "dev-es.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
-    assert list(table) == ["es", "average"]
+    assert finetune.eval_spec("a=b/dev-es.tsv") == (None, "a=b/dev-es.tsv")
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--out-dir", tmp_path / "run", *SMALL_ARGS]
+    assert list(run(*args, "--eval", "a=b/dev-es.tsv")) == ["es", "average"]
+    monkeypatch.chdir(odd)  # the same file by another relative path: the run it finished is reused
+    run(*args, "--eval", "dev-es.tsv", "--resume")
+    with pytest.raises(DataError, match="--eval de=missing.tsv: no such file"):
+        run(*args, "--eval", "de=missing.tsv", "--resume")
 
 
 class FakeRuntime:

@@ -55,7 +55,8 @@ def test_a_damaged_setup_and_a_bad_flag_are_one_line_and_exit_2(tmp_path):
                            (["--out-dir", str(tmp_path / "new"), "--data", str(tmp_path / "none")], "no *.txt files"),
                            (["--out-dir", str(tmp_path / "new"), "--tasks", str(tmp_path / "other")],
                             "has no ner/panx/train-en.tsv"),
-                           (["--out-dir", str(corpus / "out"), "--data", str(corpus)], "--out-dir is inside --data")):
+                           (["--out-dir", str(corpus / "out"), "--data", str(corpus)], "--out-dir is inside --data"),
+                           (["--out-dir", ""], "--out-dir must be given")):
         extra = [] if "--tasks" in flags else ["--tasks", str(tasks)]
         out = subprocess.run([sys.executable, "reproduce.py", "--quick", *flags, *extra], cwd=REPO,
                              capture_output=True, text=True)
