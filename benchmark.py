@@ -13,12 +13,7 @@ MFU is the model's FLOPs per second (`step_flops`: 6 N + 12 L T H per token, the
 positions) over the machine's peak: on CPU the best float32 2048x2048 matmul of this run, on CUDA the
 device's dense bf16 peak. transformers' RemBERT has only eager attention, so that is what it runs.
 
-`loader` streams data.MLMLoader over a corpus (--data, as pretrain.py reads it) and prints tokens per
-second and the resident memory of the main process and the workers as it goes: to set beside the
-tokens/s a step consumes.
-
-  python benchmark.py model --config small --batch-size 16 --seq-len 128            # CPU
-  python benchmark.py model --config ein128-eout768 --batch-size 8 --phases pretrain  # base-like
+  python benchmark.py model --config ein128-eout768 --batch-size 8 --phases pretrain  # base-like, CPU
   python benchmark.py model --config ein128-eout768 --device cuda --batch-size 256 --steps 20 --compile
   python benchmark.py loader --data ../shared/data/corpus/tatoeba --seconds 120 --num-workers 1
 """
@@ -90,14 +85,12 @@ def make_batch(config, batch_size, seq_len, predictions, generator):
     masked = min(P, max(1, round(0.15 * T)))
     input_ids = torch.randint(5, config.vocab_size, (B, T), generator=generator)
     positions = torch.zeros(B, P, dtype=torch.long)
-    weights = torch.zeros(B, P)
+    weights = (torch.arange(P) < masked).float().repeat(B, 1)
     for b in range(B):
         positions[b, :masked] = (torch.randperm(T - 2, generator=generator)[:masked] + 1).sort().values
-        weights[b, :masked] = 1.0
     masked_ids = torch.gather(input_ids, 1, positions) * weights.long()
     input_ids.scatter_(1, positions[:, :masked], 4)  # 4: a [MASK] id
-    labels = torch.full((B, T), -100)
-    labels.scatter_(1, positions[:, :masked], masked_ids[:, :masked])
+    labels = torch.full((B, T), -100).scatter(1, positions[:, :masked], masked_ids[:, :masked])
     return {"input_ids": input_ids, "token_type_ids": torch.zeros(B, T, dtype=torch.long),
             "attention_mask": torch.ones(B, T, dtype=torch.long), "masked_positions": positions,
             "masked_ids": masked_ids, "masked_weights": weights, "mlm_labels": labels,
@@ -144,22 +137,18 @@ class Runner:
         self.step_model = torch.compile(self.model) if compile else self.model
         self.batch = {k: v.to(device) for k, v in batch.items()}
         if phase != "infer":
-            params = [p for p in self.model.parameters() if p.requires_grad]
-            self.optimizer = torch.optim.AdamW(params, lr=1e-4, weight_decay=0.01, fused=True)
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
 
     def step(self):
         start = time.perf_counter()
-        with torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"):
-            if self.phase == "infer":
-                self.model.eval()
-                with torch.inference_mode():
-                    loss(self.phase, self.side, self.step_model, self.batch)
-            else:
-                self.model.train()
-                loss(self.phase, self.side, self.step_model, self.batch).backward()
-        if self.phase != "infer":
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+        self.model.train(self.phase != "infer")
+        with (torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"),
+              torch.inference_mode(self.phase == "infer")):
+            result = loss(self.phase, self.side, self.step_model, self.batch)
+            if self.phase != "infer":
+                result.backward()
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start
@@ -225,10 +214,10 @@ def bench_model(cfg):
                 memory[runner.side] = torch.cuda.max_memory_allocated(device) - before
         times = [(ours.step(), theirs.step()) for _ in range(cfg.steps)]  # interleaved
         ratios = sorted(t / o for o, t in times)
-        seconds = {side: statistics.median(t[i] for t in times) for i, side in enumerate(("ours", "hf"))}
-        rows.append({"phase": phase, "seconds": seconds, "ratio": statistics.median(ratios),
-                     "spread": [ratios[0], ratios[-1]], "check": difference, "memory": memory,
-                     "flops": step_flops(config, cfg.seq_len, predicted, phase) * tokens})
+        speeds = {side: tokens / statistics.median(t[i] for t in times) for i, side in enumerate(("ours", "hf"))}
+        rows.append({"phase": phase, "ratio": statistics.median(ratios), "spread": [ratios[0], ratios[-1]],
+                     "mfu": step_flops(config, cfg.seq_len, predicted, phase) * speeds["ours"], "tokens_per_s": speeds,
+                     "output_check_max_diff": difference, "gpu_memory_bytes": memory, "config": cfg.config})
         del ours, theirs
         if device.type == "cpu":
             peaks.append(cpu_matmul_peak())  # a busy machine lowers the peak: keep the best
@@ -239,18 +228,13 @@ def bench_model(cfg):
     print(f"{'phase':<9} {'ours tok/s':>10} {'HF tok/s':>9} {'ours/HF':>8} {'[min, max]':>13} {'ours MFU':>8} "
           f"{'GPU GiB ours/HF':>15}")
     for r in rows:
-        mfu = r["flops"] / r["seconds"]["ours"] / peak if peak else None
-        shown = "-" if mfu is None else f"{mfu:.1%}"
-        gpu = "/".join(f"{r['memory'][s] / 2**30:.1f}" for s in ("ours", "hf")) if device.type == "cuda" else "-"
-        print(f"{r['phase']:<9} {tokens / r['seconds']['ours']:>10.0f} {tokens / r['seconds']['hf']:>9.0f} "
+        r["mfu"] = r["mfu"] / peak if peak else None  # the model's FLOP/s over the peak
+        shown = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        gpu = "/".join(f"{b / 2**30:.1f}" for b in r["gpu_memory_bytes"].values()) if device.type == "cuda" else "-"
+        print(f"{r['phase']:<9} {r['tokens_per_s']['ours']:>10.0f} {r['tokens_per_s']['hf']:>9.0f} "
               f"{r['ratio']:>7.2f}x [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}] {shown:>8} {gpu:>15}")
-        print(json.dumps({"phase": r["phase"], "ratio": r["ratio"], "spread": r["spread"], "mfu": mfu,
-                          "tokens_per_s": {s: tokens / t for s, t in r["seconds"].items()},
-                          "output_check_max_diff": r["check"], "gpu_memory_bytes": r["memory"], "config": cfg.config}))
+        print(json.dumps(r))
 
-
-# ----------------------------------------------------------------------------------------------
-# loader: data.MLMLoader throughput and memory
 
 @dataclass
 class LoaderBenchmark:
@@ -273,16 +257,14 @@ def _rss_mb(pid):
 def bench_loader(cfg):
     from data import MLMLoader, Tokenizer, train_tokenizer
     with tempfile.TemporaryDirectory() as tmp:
-        vocab_size = CONFIGS["tiny"].vocab_size
-        tokenizer = Tokenizer(cfg.tokenizer or train_tokenizer(cfg.data, vocab_size, os.path.join(tmp, "spm")))
+        tokenizer = Tokenizer(cfg.tokenizer or train_tokenizer(cfg.data, CONFIGS["tiny"].vocab_size, f"{tmp}/spm"))
     started = time.time()
     loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len, num_workers=cfg.num_workers)
     print(f"{cfg.data}: {len(loader.probabilities)} languages; line counts ready in {time.time() - started:.1f} s")
     children = lambda: [int(c) for p in glob.glob(f"/proc/{os.getpid()}/task/*/children")
                         for c in open(p).read().split()]
-    batches, last = 0, 0.0
-    for batch in loader:
-        batches += 1
+    last = 0.0
+    for batches, _ in enumerate(loader, 1):
         if batches == 5:  # the workers' start is not throughput
             started = time.time()
         elapsed = time.time() - started

@@ -130,14 +130,12 @@ def one_of(names):
 def flag(default, help, check=None):
     """A dataclass field that is also a --flag: its default, its help, and the check of its values
     (`check_flags`; a list's values each)."""
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata={"help": help, "check": check})
-    return field(default=default, metadata={"help": help, "check": check})
+    default_arg = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
+    return field(**default_arg, metadata={"help": help, "check": check})
 
 
 def check_flags(instance):
-    """Every field's check (see `flag`): a ValueError that names the first flag whose value fails. A dataclass
-    with no other checks has `__post_init__ = check_flags`."""
+    """Every field's check (see `flag`): a ValueError that names the first flag whose value fails."""
     for f in fields(instance):
         test, words = f.metadata.get("check") or (None, "")
         value = getattr(instance, f.name)
@@ -186,19 +184,18 @@ def parse_flags(parser, argv=None):
         parser.error(f"{repeated} is given twice; give each flag once (a list takes its values at once: A B)")
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        flag = unknown[0].split("=")[0]
         parsers = [parser] + [p for action in parser._actions if isinstance(action, argparse._SubParsersAction)
                               for name, p in action.choices.items() if name == getattr(args, action.dest)]
         known = [option for p in parsers for action in p._actions for option in action.option_strings]
-        close = difflib.get_close_matches(flag, known, n=1)
+        close = difflib.get_close_matches(unknown[0].split("=")[0], known, n=1)
         parser.error(f"unrecognized argument {unknown[0]}" + (f"; did you mean {close[0]}?" if close else ""))
     return args
 
 
-def build(parser, cls, args):
-    """cls from the parsed flags of its fields; a value it refuses is a command-line error."""
+def build(parser, cls, values):
+    """cls from the values of its fields' flags (a dict); a value it refuses is a command-line error."""
     try:
-        return cls(**{f.name: getattr(args, f.name) for f in fields(cls)})
+        return cls(**{f.name: values[f.name] for f in fields(cls)})
     except ValueError as e:  # the dataclass's __post_init__ says which flag and why
         parser.error(str(e))
 
@@ -209,14 +206,12 @@ def parse_command_line(doc, commands, argv=None):
     parser = ArgumentParser(description=doc)
     if not isinstance(commands, dict):
         add_flags(parser, commands)
-        return None, build(parser, commands, parse_flags(parser, argv))
+        return None, build(parser, commands, vars(parse_flags(parser, argv)))
     words = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    parsers = {}
     for name, cls in commands.items():
-        parsers[name] = words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__)
-        add_flags(parsers[name], cls)
+        add_flags(words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__), cls)
     args = parse_flags(parser, argv)
-    return args.command, build(parsers[args.command], commands[args.command], args)
+    return args.command, build(words.choices[args.command], commands[args.command], vars(args))
 
 
 def run_script(main):

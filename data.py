@@ -2,13 +2,9 @@
 and the readers of the XTREME task files (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7; the
 pre-training input as mBERT's, after google-research/bert's create_pretraining_data.py).
 
-Tokenizer (Appendix A.3: SentencePiece, unigram language model): train_tokenizer() samples languages as
-pre-training does and falls back to UTF-8 bytes; Tokenizer(model_file) takes any SentencePiece model (the
-released RemBERT one too); encode_with_offsets() maps pieces to characters of the ORIGINAL text.
-
 Masked-LM stream: MLMLoader yields batches forever (input_ids, token_type_ids, attention_mask (B, T);
 masked_positions, masked_ids, masked_weights (B, P)), with an exact state_dict() / load_state_dict().
-Its data: a file, a directory of *.txt, a list of files or {language: [files]}; UTF-8 text, one sentence
+Its data: a file, a directory of *.txt or a list of them; UTF-8 text, one sentence
 per line, a blank line between documents; a file's language is its name up to the first dot (en.2.txt).
   * Streams. Slot b of the global batch (rank * batch_size + b) of DataLoader worker w is stream
     s = w * global_batch + rank * batch_size + b, one of S = max(num_workers, 1) * global_batch, and reads
@@ -25,9 +21,6 @@ per line, a blank line between documents; a file's language is its name up to th
   * Memory is flat: a stream keeps its last few chunks and a few ints per language; returning to a
     language reads its chunk again. Every draw is a function of the seed and a position, so a restored
     loader yields exactly the batches the uninterrupted one would have, with or without workers.
-
-XTREME tasks (Section 3): read_pairs (XNLI, PAWS-X), read_tagging (PAN-X, UD-POS) and read_squad (XQuAD,
-MLQA, TyDiQA-GoldP) return examples; a bad file fails with its name and line.
 """
 
 import collections
@@ -65,29 +58,24 @@ NEWLINE = b"\n"
 # Corpus files: languages, line counts (kept in an index), documents by byte range
 
 def corpus_files(data):
-    """{language: [paths]} from a file, a directory (its *.txt), a list of files or {language: files}."""
-    if isinstance(data, dict):
-        langs = {lang: [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-                 for lang, paths in data.items()}
-    else:
-        langs = {}
-        for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
-            found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
-                os.path.join(path, f) for f in os.listdir(path) if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", f))
-            if not found:
-                raise DataError(f"{path}: no *.txt files in this directory")
-            for p in found:
-                if os.path.basename(p).startswith("."):
-                    raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")
-                langs.setdefault(os.path.basename(p).split(".")[0], []).append(p)
-    for path in (p for paths in langs.values() for p in paths):
-        if path.endswith((".gz", ".bz2", ".xz", ".zst")):
-            raise DataError(f"{path}: a compressed file, which a stream cannot seek into for its share; "
-                            f"decompress it first")
-        if path.endswith((".json", ".jsonl")):  # (mC4's and other corpora's form: their text is in a field)
-            raise DataError(f"{path}: a JSON file; a corpus is plain text, one sentence per line")
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"{path}: no such file" + " (a directory)" * os.path.isdir(path))
+    """{language: [paths]} from a file, a directory (its *.txt) or a list of them."""
+    langs = {}
+    for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
+        found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
+            os.path.join(path, f) for f in os.listdir(path) if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", f))
+        if not found:
+            raise DataError(f"{path}: no *.txt files in this directory")
+        for p in found:
+            if os.path.basename(p).startswith("."):
+                raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")
+            if p.endswith((".gz", ".bz2", ".xz", ".zst")):
+                raise DataError(f"{p}: a compressed file, which a stream cannot seek into for its share; "
+                                f"decompress it first")
+            if p.endswith((".json", ".jsonl")):  # (mC4's and other corpora's form: their text is in a field)
+                raise DataError(f"{p}: a JSON file; a corpus is plain text, one sentence per line")
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"{p}: no such file" + " (a directory)" * os.path.isdir(p))
+            langs.setdefault(os.path.basename(p).split(".")[0], []).append(p)
     if not langs:
         raise DataError("no input files")
     return langs
@@ -123,8 +111,7 @@ def count_lines(path):
 def line_counts(paths):
     """{path: non-blank lines}. The counts are kept in an index file beside the files (INDEX, by
     name, size, modification and change time: an edit changes one), so a corpus is read in full once, not at every
-    start and not in every process of a job (pretrain.py counts in one process first). New files are counted in
-    parallel."""
+    start and not in every process of a job (pretrain.py counts in one process first)."""
     counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, mtime, ctime, lines]}
     for path in paths:
         directory, name = os.path.split(os.path.abspath(path))
@@ -141,10 +128,9 @@ def line_counts(paths):
         else:
             todo.append((directory, path, key))
     with ProcessPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:  # (no process when none to do)
-        found = list(pool.map(count_lines, [path for _, path, _ in todo]))
-    for (directory, path, key), n in zip(todo, found):
-        counts[path] = n
-        indexes[directory][os.path.basename(path)] = key + [n]
+        for (directory, path, key), n in zip(todo, pool.map(count_lines, [path for _, path, _ in todo])):
+            counts[path] = n
+            indexes[directory][os.path.basename(path)] = key + [n]
     for directory in {d for d, _, _ in todo}:
         try:  # a read-only corpus directory (read-only by its mode bits, even to root) is counted again next time
             if not os.stat(directory).st_mode & 0o222:
@@ -197,7 +183,7 @@ def sampling_probabilities(counts, alpha):
 # Tokenizer
 
 class Tokenizer:
-    """A SentencePiece model with the special pieces BERT's input format needs."""
+    """Any SentencePiece model (the released RemBERT one too), with the special pieces BERT's input format needs."""
 
     def __init__(self, model_file):
         if not os.path.isfile(model_file):
@@ -212,20 +198,18 @@ class Tokenizer:
 
         def piece_id(piece, fallback=-1):
             i = self.sp.piece_to_id(piece)
-            if self.sp.id_to_piece(i) == piece:  # piece_to_id answers unk_id for unknown pieces
-                return i
-            if fallback < 0:
+            i = i if self.sp.id_to_piece(i) == piece else fallback  # piece_to_id answers unk_id for unknown pieces
+            if i < 0:
                 raise DataError(f"{self.model_file}: no {piece} piece in this SentencePiece model")
-            return fallback
+            return i
 
         self.unk_id = self.sp.unk_id()
         self.pad_id = piece_id(PAD, self.sp.pad_id())
         self.cls_id, self.sep_id, self.mask_id = piece_id(CLS), piece_id(SEP), piece_id(MASK)
-        special = np.array([self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i)
-                            or self.sp.is_byte(i) for i in range(self.vocab_size)])
         self.reserved = {self.pad_id, self.cls_id, self.sep_id, self.mask_id}  # the input format's own pieces
-        special[list(self.reserved)] = True
-        self.normal_ids = np.flatnonzero(~special)  # what a "random token" of the 80/10/10 rule may be
+        self.normal_ids = np.flatnonzero([  # what a "random token" of the 80/10/10 rule may be
+            not (i in self.reserved or self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i)
+                 or self.sp.is_byte(i)) for i in range(self.vocab_size)])
         self._blank = {}  # is_blank's answers
 
     def encode(self, text):
@@ -295,7 +279,6 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     langs = corpus_files(files)
     lines = line_counts([p for paths in langs.values() for p in paths])
     counts = {lang: sum(lines[p] for p in paths) for lang, paths in langs.items()}
-    probabilities = sampling_probabilities(counts, alpha)
     total = min(max_sentences, sum(counts.values()))
     rng = random.Random(seed)
     chars = collections.Counter()
@@ -303,14 +286,12 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     with tempfile.TemporaryDirectory() as tmp:
         sample = os.path.join(tmp, "sample.txt")
         with open(sample, "w", encoding="utf-8") as out:
-            for lang, paths in langs.items():
-                repeats, rest = divmod(max(1, round(total * probabilities[lang])), counts[lang])
+            for (lang, paths), p in zip(langs.items(), sampling_probabilities(counts, alpha).values()):
+                repeats, rest = divmod(max(1, round(total * p)), counts[lang])
                 reservoir, seen = [], 0  # Algorithm R: a uniform sample of `rest` lines, one pass
                 for path in paths:
                     with open(path, encoding="utf-8-sig") as f:
-                        for line in (line.strip() for line in f):
-                            if not line:
-                                continue
+                        for line in filter(None, (line.strip() for line in f)):
                             out.write(_in_parts(line) * repeats)
                             chars.update(line * repeats)
                             seen += 1
@@ -378,69 +359,56 @@ class _Stream:
 
     def __init__(self, corpus, stream, tokenizer, readers, seq):
         self.corpus, self.stream, self.tokenizer, self.readers, self.seq = corpus, stream, tokenizer, readers, seq
-        self.weights = np.array(corpus.counts, dtype=np.float64) ** corpus.alpha
-        self.shares = {}  # (language, borrow) -> [(path, first byte, end byte, chunks in the files before)], chunks
+        self.cdf = np.cumsum(np.array(corpus.counts, dtype=np.float64) ** corpus.alpha)  # cumulative n_l^alpha
+        self.share = functools.cache(self._share)
         # The CACHED most recent chunk orders and chunks (documents shuffled): memory flat in the languages.
-        self.chunk_order = functools.lru_cache(CACHED)(self._chunk_order)
+        self.chunk_order = functools.lru_cache(CACHED)(
+            lambda lang, borrow, pass_: self._rng(lang, borrow, pass_).permutation(self.share(lang, borrow)[1]))
         self.chunk_docs = functools.lru_cache(CACHED)(self._chunk_docs)
         self.line_ids = self.line_key = None
 
     def _rng(self, *keys):
         return np.random.default_rng([self.corpus.seed, self.stream, *keys])
 
-    def _shuffled(self, n, *keys):
-        """A random order of range(n), a pure function of the keys (one item needs no draw)."""
-        return self._rng(*keys).permutation(n) if n > 1 else range(n)
-
-    def _current_docs(self, lang):
-        """The documents of the reader's current chunk (read again if the stream read elsewhere since), or None
-        when the pass over the share is over. The share is the stream's own, or when that holds no line (a
-        language of fewer lines than streams) the one `borrow` streams further on."""
-        st = self.readers[lang]
-        borrow, pass_ = int(st["borrow"]), int(st["pass"])
-        while st["chunk"] < self._share(lang, borrow)[1]:
-            docs = self.chunk_docs(lang, borrow, pass_, int(st["chunk"]))
-            if st["doc"] < len(docs):
-                return docs
-            st["chunk"], st["doc"], st["line"] = st["chunk"] + 1, 0, 0
-        return None
-
     def _share(self, lang, borrow):
-        """The byte ranges of share (stream + borrow) % S of the language's files, and its chunk count."""
-        if (lang, borrow) not in self.shares:
-            S, step = self.corpus.streams, self.corpus.shuffle_bytes
-            s, parts, n = (self.stream + borrow) % S, [], 0
-            for path in self.corpus.langs[lang][1]:
-                first, end = self.corpus.sizes[path] * s // S, self.corpus.sizes[path] * (s + 1) // S
-                parts.append((path, first, end, n))
-                n += -(-(end - first) // step)
-            self.shares[lang, borrow] = (parts, n)
-        return self.shares[lang, borrow]
-
-    def _chunk_order(self, lang, borrow, pass_):
-        return self._shuffled(self._share(lang, borrow)[1], lang, borrow, pass_)
+        """Share (stream + borrow) % S of the language's files, [(path, first byte, end byte, chunks in the files
+        before)], and its chunk count."""
+        S, step = self.corpus.streams, self.corpus.shuffle_bytes
+        s, parts, n = (self.stream + borrow) % S, [], 0
+        for path in self.corpus.langs[lang][1]:
+            first, end = self.corpus.sizes[path] * s // S, self.corpus.sizes[path] * (s + 1) // S
+            parts.append((path, first, end, n))
+            n += -(-(end - first) // step)
+        return parts, n
 
     def _chunk_docs(self, lang, borrow, pass_, chunk):
         """The documents of the chunk-th chunk of the pass, in a random order."""
-        parts, _ = self._share(lang, borrow)
+        parts, _ = self.share(lang, borrow)
         k, step = int(self.chunk_order(lang, borrow, pass_)[chunk]), self.corpus.shuffle_bytes
         path, first, end, before = next(part for part in reversed(parts) if part[3] <= k)
         docs = read_chunk(path, first + (k - before) * step, min(first + (k - before + 1) * step, end))
-        return [docs[i] for i in self._shuffled(len(docs), lang, borrow, pass_, chunk)]
+        return [docs[i] for i in self._rng(lang, borrow, pass_, chunk).permutation(len(docs))]
 
     def _take(self, lang, n):
-        """Up to n pieces of the language's current line (fewer at its end); None when the pass is over."""
+        """Up to n pieces of the language's current line (fewer at its end); None when the pass over the share is
+        over. The share is the stream's own, or when that holds no line (a language of fewer lines than streams)
+        the one `borrow` streams further on."""
         st = self.readers[lang]
         while True:
-            docs = self._current_docs(lang)
-            if docs is None:  # used up: the next pass, reshuffled
+            borrow, pass_ = int(st["borrow"]), int(st["pass"])
+            while st["chunk"] < self.share(lang, borrow)[1]:  # the current chunk's documents (read again if evicted)
+                docs = self.chunk_docs(lang, borrow, pass_, int(st["chunk"]))
+                if st["doc"] < len(docs):
+                    break
+                st["chunk"], st["doc"], st["line"] = st["chunk"] + 1, 0, 0
+            else:  # used up: the next pass, reshuffled
                 if not st["any"]:  # the share gave no piece: read the next stream's
                     st["borrow"] += 1
                     if st["borrow"] >= self.corpus.streams:
                         raise DataError(f"{self.corpus.langs[lang][1][0]}: no text the tokenizer makes pieces of")
                 st["pass"], st["chunk"], st["doc"], st["line"], st["token"], st["any"] = st["pass"] + 1, 0, 0, 0, 0, 0
                 return None
-            key = (lang, int(st["borrow"]), int(st["pass"]), int(st["chunk"]), int(st["doc"]), int(st["line"]))
+            key = (lang, borrow, pass_, int(st["chunk"]), int(st["doc"]), int(st["line"]))
             if self.line_key != key:
                 ids = self.tokenizer.encode(docs[st["doc"]][st["line"]])  # "[MASK]" may be [MASK] (user-defined)
                 self.line_ids, self.line_key = [i for i in ids if i not in self.tokenizer.reserved], key
@@ -457,8 +425,7 @@ class _Stream:
         """(`length` pieces of one language, the rng that masks them)."""
         rng = self._rng(int(self.seq[0]), 1 << 30)
         self.seq[0] += 1
-        cumulative = np.cumsum(self.weights)
-        lang = min(int(np.searchsorted(cumulative, rng.random() * cumulative[-1], side="right")), len(cumulative) - 1)
+        lang = min(int(np.searchsorted(self.cdf, rng.random() * self.cdf[-1], side="right")), len(self.cdf) - 1)
         ids = []
         while len(ids) < length:
             ids += self._take(lang, length - len(ids)) or []
@@ -468,25 +435,21 @@ class _Stream:
 def _worker_batches(corpus, tokenizer, settings, worker, state):
     """The batches of one (rank, worker), forever, as (batch, its state after the batch, worker)."""
     batch_size, seq_len, max_predictions, rank, world_size = settings
-    first = worker * batch_size * world_size + rank * batch_size
-    streams = [_Stream(corpus, first + b, tokenizer, state["readers"][b], state["seq"][b:b + 1])
-               for b in range(batch_size)]
+    streams = [_Stream(corpus, worker * batch_size * world_size + rank * batch_size + b, tokenizer,
+                       state["readers"][b], state["seq"][b:b + 1]) for b in range(batch_size)]
     while True:
         input_ids = np.empty((batch_size, seq_len), dtype=np.int64)
-        positions = np.zeros((batch_size, max_predictions), dtype=np.int64)
-        masked_ids = np.zeros((batch_size, max_predictions), dtype=np.int64)
+        positions, masked_ids = np.zeros((2, batch_size, max_predictions), dtype=np.int64)
         weights = np.zeros((batch_size, max_predictions), dtype=np.float32)
         for b, stream in enumerate(streams):
             ids, rng = stream.next_row(seq_len - 2)
-            masked, pos, original = mask_tokens([tokenizer.cls_id, *ids, tokenizer.sep_id], rng, tokenizer,
-                                                max_predictions)
-            input_ids[b] = masked
+            input_ids[b], pos, original = mask_tokens([tokenizer.cls_id, *ids, tokenizer.sep_id], rng, tokenizer,
+                                                      max_predictions)
             positions[b, :len(pos)], masked_ids[b, :len(pos)], weights[b, :len(pos)] = pos, original, 1.0
-        input_ids = torch.from_numpy(input_ids)
-        batch = {"input_ids": input_ids, "token_type_ids": torch.zeros_like(input_ids),
-                 "attention_mask": torch.ones_like(input_ids), "masked_positions": torch.from_numpy(positions),
-                 "masked_ids": torch.from_numpy(masked_ids), "masked_weights": torch.from_numpy(weights)}
-        yield batch, {k: v.copy() for k, v in state.items()}, worker
+        batch = {"input_ids": input_ids, "token_type_ids": np.zeros_like(input_ids),
+                 "attention_mask": np.ones_like(input_ids), "masked_positions": positions, "masked_ids": masked_ids,
+                 "masked_weights": weights}
+        yield {k: torch.from_numpy(v) for k, v in batch.items()}, {k: v.copy() for k, v in state.items()}, worker
 
 
 class _WorkerStreams(torch.utils.data.IterableDataset):
@@ -495,7 +458,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         self.workers, self.states = workers, states
 
     def __iter__(self):
-        p = torch.utils.data.get_worker_info().id
+        p = getattr(torch.utils.data.get_worker_info(), "id", 0)  # (None in the main process: num_workers=0)
         try:
             yield from _worker_batches(self.corpus, self.tokenizer, self.settings, self.workers[p], self.states[p])
         except (DataError, OSError) as e:  # as it is: DataLoader would wrap it in the worker's traceback
@@ -503,8 +466,7 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
 
 
 class MLMLoader:
-    """The masked-LM input stream (see the module docstring): iterating it never ends.
-    state_dict() after any batch, load_state_dict() before iterating: exact resume."""
+    """The masked-LM stream of the module docstring. state_dict() after a batch, load_state_dict() before iterating."""
 
     def __init__(self, data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
                  world_size=1, num_workers=0, alpha=0.5, shuffle_bytes=1 << 14):
@@ -555,16 +517,12 @@ class MLMLoader:
         n = len(st["workers"])
         logical = [(st["next_worker"] + p) % n for p in range(n)]  # DataLoader asks worker 0, 1, ... in turn
         states = [{k: v.copy() for k, v in st["workers"][w].items()} for w in logical]
-        if self.num_workers == 0:
-            source = _worker_batches(self.corpus, self.tokenizer, self.settings, 0, states[0])
-        else:
-            # A generator of its own: DataLoader seeds its workers from it (they draw nothing), and torch's
-            # global one, dropout's, stays untouched, so a resumed run draws the masks the uninterrupted one does.
-            # collate_fn=tuple passes each (batch, state, worker) on as the worker made it.
-            source = iter(torch.utils.data.DataLoader(
+        # A generator of its own: DataLoader seeds its workers from it (they draw nothing), and torch's
+        # global one, dropout's, stays untouched, so a resumed run draws the masks the uninterrupted one does.
+        # collate_fn=tuple passes each (batch, state, worker) on as the worker made it.
+        for batch, worker_state, w in torch.utils.data.DataLoader(
                 _WorkerStreams(self.corpus, self.tokenizer, self.settings, logical, states), batch_size=None,
-                num_workers=self.num_workers, collate_fn=tuple, generator=torch.Generator()))
-        for batch, worker_state, w in source:
+                num_workers=self.num_workers, collate_fn=tuple, generator=torch.Generator()):
             if isinstance(batch, Exception):
                 raise batch
             st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n
@@ -618,7 +576,6 @@ def read_text(path):
 
 
 def check_label(label, labels, source):
-    """The index of `label` in the task's `labels`."""
     if label not in labels:
         raise DataError(f"{source}: unknown label {label!r}; expected one of {', '.join(labels)}")
     return labels.index(label)

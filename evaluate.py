@@ -11,19 +11,11 @@ scripts' figures to the last digit (figures in percent, as those scripts print t
   mlqa                 exact match / F1 of the MLQA script (mlqa_evaluation_v1.py): per-language answer
                        normalization
 
-It also runs the paper's analyses of a pre-trained model: masked-LM accuracy on held-out text (Table 8) and,
-per layer, nearest-neighbour translation accuracy between parallel sentences (Section 6, Figure 2).
-
-Scoring a prediction file (`python finetune.py predict` writes them) against a gold file; prints one JSON
-object, figures in percent:
+`python finetune.py predict` writes the prediction files that `score` reads:
   python evaluate.py score --task xquad --gold ../shared/data/xquad/xquad.de.json --predictions pred.json
   python evaluate.py score --task mlqa --lang zh --gold dev-context-zh-question-zh.json --predictions pred.json
-  python evaluate.py score --task panx --gold test-de.tsv --predictions pred-de.tsv
-  python evaluate.py score --task xnli --gold dev-de.tsv --predictions pred-de.txt
-Analyses (one process, on --device: auto picks a GPU when torch sees one; the checkpoint's own tokenizer):
   python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-00000800.pt --data held_out.txt
-  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800.pt \
-      --source ../shared/data/xquad/xquad.en.json --target ../shared/data/xquad/xquad.zh.json
+  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800.pt  # XQuAD en -> de
 """
 
 import itertools
@@ -93,10 +85,15 @@ def _is_mlqa_punctuation(ch):
     return unicodedata.category(ch).startswith("P") or ch in string.punctuation
 
 
-def _mixed_segmentation(text):
-    """Chinese: each CJK ideograph (U+4E00-U+9FA5) and each punctuation mark is a token; the rest splits on
-    whitespace."""
-    tokens, run = [], ""
+def mlqa_normalize(text, lang):
+    if lang not in MLQA_LANGUAGES:
+        raise ValueError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
+    text = "".join(ch for ch in text.lower() if not _is_mlqa_punctuation(ch))
+    if MLQA_ARTICLES[lang]:
+        text = re.sub(MLQA_ARTICLES[lang], " ", text)
+    if lang != "zh":
+        return " ".join(text.split())
+    tokens, run = [], ""  # Chinese (the script's mixed_segmentation): each ideograph and punctuation mark a token
     for ch in text:
         if "\u4e00" <= ch <= "\u9fa5" or _is_mlqa_punctuation(ch):
             tokens.extend(run.split())
@@ -105,24 +102,11 @@ def _mixed_segmentation(text):
         else:
             run += ch
     tokens.extend(run.split())
-    return tokens
-
-
-def mlqa_normalize(text, lang):
-    """MLQA v1: lower case, drop Unicode punctuation, drop the language's articles, re-tokenize (Chinese:
-    character-level for ideographs) and join the tokens with single spaces."""
-    if lang not in MLQA_LANGUAGES:
-        raise ValueError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
-    text = "".join(ch for ch in text.lower() if not _is_mlqa_punctuation(ch))
-    if MLQA_ARTICLES[lang]:
-        text = re.sub(MLQA_ARTICLES[lang], " ", text)
-    tokens = _mixed_segmentation(text) if lang == "zh" else text.split()
     return " ".join(tokens)
 
 
 def _token_f1(prediction_tokens, gold_tokens):
-    common = Counter(prediction_tokens) & Counter(gold_tokens)
-    num_same = sum(common.values())
+    num_same = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
     if num_same == 0:
         return 0
     precision = 1.0 * num_same / len(prediction_tokens)
@@ -138,11 +122,11 @@ def qa_scores(dataset, predictions, lang=None):
     if lang is not None and lang not in MLQA_LANGUAGES:
         raise DataError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
     normalize = squad_normalize if lang is None else (lambda text: mlqa_normalize(text, lang))
-    exact_match = f1 = total = unanswered = 0
-    seen = set()
-    for qa in (qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]):
-        total += 1
-        seen.add(qa["id"])
+    qas = [qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    if not qas:
+        raise DataError("the gold dataset has no questions")
+    exact_match = f1 = unanswered = 0
+    for qa in qas:
         if qa["id"] not in predictions:
             print(f"Unanswered question {qa['id']} will receive score 0.", file=sys.stderr)
             unanswered += 1
@@ -151,10 +135,8 @@ def qa_scores(dataset, predictions, lang=None):
         golds = [normalize(answer["text"]) for answer in qa["answers"]]
         exact_match += max(prediction == gold for gold in golds)
         f1 += max(_token_f1(prediction.split(), gold.split()) for gold in golds)
-    if total == 0:
-        raise DataError("the gold dataset has no questions")
-    return {"exact_match": 100.0 * exact_match / total, "f1": 100.0 * f1 / total, "total": total,
-            "unanswered": unanswered, "ignored_predictions": len(set(predictions) - seen)}
+    return {"exact_match": 100.0 * exact_match / len(qas), "f1": 100.0 * f1 / len(qas), "total": len(qas),
+            "unanswered": unanswered, "ignored_predictions": len(set(predictions) - {qa["id"] for qa in qas})}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -179,18 +161,14 @@ def entities(tags):
     return chunks
 
 
-def _check_parallel(gold, predicted):
+def ner_scores(gold, predicted):
+    """Precision / recall / F1 (percent) over sentences of tags, computed as seqeval and XTREME do: the
+    sentences joined with an "O" between them, a chunk correct only when its type and both boundaries match."""
     if len(gold) != len(predicted):
         raise DataError(f"{len(gold)} gold sentences but {len(predicted)} predicted")
     for s, (g, p) in enumerate(zip(gold, predicted)):
         if len(g) != len(p):
             raise DataError(f"sentence {s}: {len(g)} gold tags but {len(p)} predicted")
-
-
-def ner_scores(gold, predicted):
-    """Precision / recall / F1 (percent) over sentences of tags, computed as seqeval and XTREME do: the
-    sentences joined with an "O" between them, a chunk correct only when its type and both boundaries match."""
-    _check_parallel(gold, predicted)
     joined = ([tag for tags in sentences for tag in [*tags, "O"]] for sentences in (gold, predicted))
     gold_entities, predicted_entities = (set(entities(tags)) for tags in joined)
     correct = len(gold_entities & predicted_entities)
@@ -208,7 +186,6 @@ def pos_scores(gold, predicted):
 
 
 def accuracy(gold, predicted):
-    """Share of predicted labels equal to the gold ones, in percent."""
     if len(gold) != len(predicted):
         raise DataError(f"{len(gold)} gold labels but {len(predicted)} predicted")
     if not gold:
@@ -229,19 +206,10 @@ def print_table(title, table, log):
 # ---------------------------------------------------------------------------------------------------
 # `score`: gold files are read by data.py's readers (the ones fine-tuning uses), prediction files here.
 
-def read_labels(path, task):
-    """One label per line (a last line without its newline counts)."""
-    labels = data.read_text(path).removesuffix("\n").split("\n")
-    for line, label in enumerate(labels, 1):
-        data.check_label(label, CLASSIFICATION_LABELS[task], f"{path}:{line}")
-    return labels
-
-
 def read_json(path):
     """A JSON file; duplicate keys are an error rather than silently keeping the last one."""
     def no_duplicates(pairs):
-        keys = [k for k, _ in pairs]
-        duplicated = [k for k, n in Counter(keys).items() if n > 1]
+        duplicated = [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]
         if duplicated:
             raise DataError(f"{path}: duplicate key {duplicated[0]!r}")
         return dict(pairs)
@@ -278,11 +246,13 @@ def check_mlqa_language(lang, path, said):
 
 
 def score_files(task, gold_path, predictions_path, lang=None):
-    """Scores a prediction file against a gold file in the task's format; returns the metrics dict. A gold
-    file with a language column (XNLI 1.0's own) adds each language's accuracy under "languages"."""
+    """The task's figures for a prediction file against its gold file. A gold file with a language column
+    (XNLI 1.0's own) adds each language's accuracy under "languages"."""
     if task in CLASSIFICATION_LABELS:
         gold = data.read_pairs(gold_path, CLASSIFICATION_LABELS[task], labelled=True)
-        predicted = read_labels(predictions_path, task)
+        predicted = data.read_text(predictions_path).removesuffix("\n").split("\n")  # one label per line
+        for line, label in enumerate(predicted, 1):
+            data.check_label(label, CLASSIFICATION_LABELS[task], f"{predictions_path}:{line}")
         if len(gold) != len(predicted):
             raise DataError(f"{gold_path} has {len(gold)} examples but {predictions_path} has {len(predicted)} labels")
         result = task_scores(task, gold, predicted)
@@ -292,8 +262,8 @@ def score_files(task, gold_path, predictions_path, lang=None):
                                    for lang, group in itertools.groupby(pairs, key=lambda pair: pair[0].language)}
         return result
     if task in TAGGING_LABELS:
-        gold = data.read_tagging(gold_path, TAGGING_LABELS[task], labelled=True, spaces=task != "panx")
-        predicted = data.read_tagging(predictions_path, TAGGING_LABELS[task], labelled=True, spaces=task != "panx")
+        gold, predicted = (data.read_tagging(path, TAGGING_LABELS[task], labelled=True, spaces=task != "panx")
+                           for path in (gold_path, predictions_path))
         if len(gold) != len(predicted):
             raise DataError(f"{gold_path} has {len(gold)} sentences but {predictions_path} has {len(predicted)}")
         for g, p in zip(gold, predicted):
@@ -342,9 +312,8 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     padding. `sentences` are token-id lists (truncated to max_len - 2). Returns num_layers + 1 tensors
     (N, H): the embedding output (after the E_in -> H projection), then each layer's output."""
     sentences = [ids[:max_len - 2] for ids in sentences]
-    empty = next((i for i, ids in enumerate(sentences) if not ids), None)
-    if empty is not None:
-        raise DataError(f"sentence {empty} has no tokens")
+    if not all(sentences):
+        raise DataError(f"sentence {[bool(ids) for ids in sentences].index(False)} has no tokens")
     encoder.eval()
     batch_size = min(batch_size, len(sentences))  # (padding to a larger batch would be work for nothing)
     per_batch = []
@@ -493,8 +462,8 @@ def main(argv=None):
     command, cfg = parse_command_line(__doc__, {"score": ScoreConfig, "mlm-accuracy": MLMAccuracyConfig,
                                                 "translation-probe": ProbeConfig}, argv)
     if command == "score":
-        result = score_files(cfg.task, cfg.gold, cfg.predictions, cfg.lang or None)
-        print(json.dumps({"task": cfg.task, "lang": cfg.lang or None, **result}))
+        print(json.dumps({"task": cfg.task, "lang": cfg.lang or None,
+                          **score_files(cfg.task, cfg.gold, cfg.predictions, cfg.lang or None)}))
         return
     kind = resolve_device(cfg.device)
     if kind == "xla":
@@ -513,18 +482,14 @@ def main(argv=None):
                         f"{cfg.checkpoint} (vocab_size {model.config.vocab_size}, "
                         f"{model.config.max_position_embeddings} positions)")
     if command == "mlm-accuracy":
-        model = model.to(device)
         loader = data.MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                                 max_predictions=cfg.max_predictions, seed=cfg.seed)
-        result = mlm_accuracy(model, itertools.islice(loader, cfg.batches), device)
-        print(json.dumps({"checkpoint": cfg.checkpoint, "data": cfg.data, **result}))
+        print(json.dumps({"checkpoint": cfg.checkpoint, "data": cfg.data,
+                          **mlm_accuracy(model.to(device), itertools.islice(loader, cfg.batches), device)}))
         return
     source, target = read_parallel(cfg.source, cfg.target, cfg.unit)
-    encoder = model.encoder.to(device)
-    print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
-          f"{cfg.target}; translation vector fitted on {len(source) // 2}, "
-          f"retrieval among the other {len(source) - len(source) // 2} (chance: "
-          f"{100 / (len(source) - len(source) // 2):.2f}%)", file=sys.stderr)
+    print(f"translation vector fitted on {len(source) // 2} pairs, retrieval among the other "
+          f"{len(source) - len(source) // 2} (chance: {100 / (len(source) - len(source) // 2):.2f}%)", file=sys.stderr)
     ids = [[tokenizer.encode(t) for t in side] for side in (source, target)]
     if cut := sum(len(sentence) > cfg.max_len - 2 for side in ids for sentence in side):
         warnings.warn(f"{cut} of the {2 * len(source)} sentences have more pieces than --max-len {cfg.max_len} holds "
@@ -532,8 +497,8 @@ def main(argv=None):
     for path, texts, side in zip((cfg.source, cfg.target), (source, target), ids):
         if not all(side):
             raise DataError(f"{path}: the sentence {texts[side.index([])]!r} has no pieces in {tokenizer.model_file}")
-    accuracies = translation_probe(encoder, *ids, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id, cfg.max_len,
-                                   cfg.batch_size, cfg.seed, device)
+    accuracies = translation_probe(model.encoder.to(device), *ids, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
+                                   cfg.max_len, cfg.batch_size, cfg.seed, device)
     print("layer  accuracy")
     for layer, value in enumerate(accuracies):
         print(f"{layer:>5}  {value:8.2f}")

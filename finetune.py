@@ -3,16 +3,11 @@ r"""Fine-tuning RemBERT on the XTREME tasks of the paper with zero-shot cross-li
 target language with the same model, and report each language and the average.
 
 Tasks: sentence pairs (xnli, pawsx), tagging (panx, udpos) and extractive QA (xquad, mlqa, tydiqa, with
-google-research/bert's run_squad.py features and n-best decoding). The encoder comes from a pretrain.py
-checkpoint (its pre-training-only layers and MLM head dropped, as in the paper), a Hugging Face RemBERT
-directory or random weights (--config); `--keep-layers K` keeps its first K layers (Figure 1).
+google-research/bert's run_squad.py features and n-best decoding). A pretrain.py checkpoint loses its
+pre-training-only layers and MLM head, as in the paper.
 
-Defaults follow Appendix A.3: batch 32, 3 epochs, one run per learning rate of Table 10 and seed, the rate with
-the best average of the task's first metric reported (as the paper reports its dev sets); Table 15's rate and
-batch for an encoder of RemBERT's shape. The per-language table (mean over --seeds) goes to stdout and
---out-dir/results.json, each run's model to --out-dir/lr-RATE/seed-N/. After a crash, --resume continues to the
-same weights. ../shared/data has no training splits but for PAN-X: --train-fraction trains on the first part of a
-file and evaluates every parallel --eval file on the rest (XQuAD by article).
+Defaults follow Appendix A.3 (Tables 10 and 15). The table reported (stdout, --out-dir/results.json) is the mean
+over --seeds of the rate with the best average of the task's first metric, as the paper reports its dev sets.
 
   CPU:      python finetune.py --task panx --init out/pretrain/ckpt-00000800.pt --lr 1e-3 --epochs 10 \
                 --train ../shared/data/ner/panx/train-en.tsv --eval ../shared/data/ner/panx/dev-*.tsv
@@ -81,8 +76,8 @@ class FinetuneConfig:
     config: str = flag("", f"instead of --init, random weights: {', '.join(CONFIGS)}")
     tokenizer: str = flag("", "SentencePiece model (default: the --init's)")
     train: str = flag("", "the English training file", GIVEN)
-    train_fraction: float = flag(1.0, "train on this first part of --train, evaluate --eval on the rest",
-                                 (lambda v: 0 < v <= 1, "in (0, 1]"))
+    train_fraction: float = flag(1.0, "train on this first part of --train, evaluate --eval on the rest (QA: whole "
+                                 "articles)", (lambda v: 0 < v <= 1, "in (0, 1]"))
     max_train: int = flag(0, "use only the first N training examples (0: all)", at_least(0))
     eval: list[str] = flag([], "FILE or LANG=FILE (without LANG=: the file's language column, name or folder)", GIVEN)
     max_eval: int = flag(0, "evaluate only the first N examples per language (0: all)", at_least(0))
@@ -153,22 +148,17 @@ class PredictConfig:
 # Features (static shapes: every row padded to seq_len) and their decoding
 
 def to_tensors(features, seq_len, pad_id):
-    """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
-    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
+    """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) tensors, -100: no loss."""
     features = [{**f, "attention_mask": [1] * len(f["input_ids"])} for f in features]
     pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
-    out = {}
-    for key, value in features[0].items():
-        if isinstance(value, list):
-            out[key] = torch.tensor([f[key] + [pads.get(key, -100)] * (seq_len - len(f[key])) for f in features])
-        else:
-            out[key] = torch.tensor([f[key] for f in features])
-    return out
+
+    def padded(key, value):
+        return value + [pads.get(key, -100)] * (seq_len - len(value)) if isinstance(value, list) else value
+    return {key: torch.tensor([padded(key, f[key]) for f in features]) for key in features[0]}
 
 
 def pair_features(tokenizer, examples, labels, seq_len):
-    """[CLS] sentence1 [SEP] sentence2 [SEP], the longer sentence cut first (BERT's _truncate_seq_pair);
-    labels as indices into `labels` (-100 without a label)."""
+    """[CLS] sentence1 [SEP] sentence2 [SEP], the longer sentence cut first (BERT's _truncate_seq_pair)."""
     features = []
     for e in examples:
         a, b = tokenizer.encode(e.sentence1), tokenizer.encode(e.sentence2)
@@ -203,17 +193,14 @@ def tagging_features(tokenizer, examples, labels, seq_len):
 
 def tagging_predictions(examples, tensors, predictions, labels):
     """(N, T) predicted label indices -> per example, a label per word: the one at its first piece (labels != -100)."""
-    out = []
-    for e, gold, predicted in zip(examples, tensors["labels"], predictions):
-        words = [labels[i] for i in predicted[gold != -100].tolist()]
-        out.append(words + [labels[0]] * (len(e.tokens) - len(words)))
-    return out
+    words = [[labels[i] for i in predicted[gold != -100].tolist()]
+             for gold, predicted in zip(tensors["labels"], predictions)]
+    return [w + [labels[0]] * (len(e.tokens) - len(w)) for e, w in zip(examples, words)]
 
 
 def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, training=False):
-    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP], the question cut
-    to max_query_length pieces, windows starting every doc_stride pieces. training=True adds start_positions /
-    end_positions (the first answer's pieces; 0, the [CLS], when the window does not hold it).
+    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP]; training=True adds
+    start_positions / end_positions (the first answer's pieces; 0, the [CLS], when the window does not hold it).
     Returns (tensors, meta); meta[i] = {"example": index into examples, "offsets": (start, end) characters of
     the context for each context position (None elsewhere), "max_context": [bool]} for decode_spans."""
     features, meta = [], []
@@ -273,10 +260,8 @@ def _is_max_context(windows, window, position):
 
 
 def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer_length=30):
-    """run_squad.py's n-best decoding: for each example, over its windows, the n_best highest start and end
-    logits; pairs inside the context, end >= start, at most max_answer_length pieces, the start at its max
-    context, both showing a character; the best start + end logit wins. The answer is cut from the ORIGINAL
-    context by character offsets (no detokenization). Returns {question id: answer text} ("" when none qualifies)."""
+    """run_squad.py's n-best decoding over each example's windows, the answer cut from the ORIGINAL context by
+    character offsets (no detokenization). Returns {question id: answer text} ("" when none qualifies)."""
     start_logits, end_logits = start_logits.float().cpu(), end_logits.float().cpu()
     best = {}  # example index -> (score, text)
     for i, m in enumerate(meta):
@@ -298,13 +283,11 @@ def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer
 
 
 def features(task, tokenizer, examples, settings, training):
-    """-> (tensors: dict of (N, ...) tensors, each row one sequence; meta for `decode_spans`)."""
-    if task.kind == "classification":
-        return pair_features(tokenizer, examples, task.labels, settings["seq_len"]), None
-    if task.kind == "tagging":
-        return tagging_features(tokenizer, examples, task.labels, settings["seq_len"]), None
-    return squad_features(tokenizer, examples, settings["seq_len"], settings["doc_stride"],
-                          settings["max_query_length"], training=training)
+    if task.kind == "qa":
+        return squad_features(tokenizer, examples, settings["seq_len"], settings["doc_stride"],
+                              settings["max_query_length"], training=training)
+    make = pair_features if task.kind == "classification" else tagging_features
+    return make(tokenizer, examples, task.labels, settings["seq_len"]), None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -343,8 +326,7 @@ def build_model(task, encoder, dropout):
 
 
 def save_finetuned(model, cfg, tokenizer_file, path):
-    """transformers' RemBertFor... layout, the tokenizer, and finetune.json (the task, its settings and the
-    files' digests, written last: a directory with it is complete)."""
+    """transformers' RemBertFor... layout, the tokenizer, then finetune.json: a directory with it is complete."""
     save_hf(model, path)
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
@@ -354,7 +336,6 @@ def save_finetuned(model, cfg, tokenizer_file, path):
 
 
 def load_finetuned(path):
-    """-> (model, tokenizer, info) of a directory written by `save_finetuned`, its files checked first."""
     from safetensors.torch import load_file
     try:
         with open(os.path.join(path, "finetune.json")) as f:
@@ -383,7 +364,6 @@ def load_finetuned(path):
 # Task files: English training data, evaluation sets by language
 
 def read_examples(task, path, labelled=True):
-    """The file's examples; labelled=True (training and evaluation) refuses one without labels or answers."""
     if task.kind == "qa":
         examples = data.read_squad(path)
         unanswered = [e.source for e in examples if not any(a["text"] for a in e.answers)]  # "" answers nothing
@@ -462,8 +442,7 @@ def eval_sets(cfg, task, held_out):
 # Training and prediction, with static shapes: an epoch's last partial batch is dropped, evaluation's padded
 
 def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
-    """Fine-tune `model` in place, saving the training state (weights, optimizer, step, RNGs) to `state_path`
-    at every --checkpoint-every steps; from that file, training ends with an uninterrupted run's weights."""
+    """Fine-tune `model` in place; resumed from `state_path`, training ends with an uninterrupted run's weights."""
     n, per_step = tensors["input_ids"].shape[0], cfg.batch_size
     if per_step % runtime.world_size:
         raise DataError(f"--batch-size {per_step} does not split over {runtime.world_size} processes")
@@ -524,7 +503,6 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
         log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, lr):.2e} "
             f"| {speed:.1f} seq/s | left {(total - step - 1) * per_step / speed / 60:.1f} min")
         last_log, last_step = now, step + 1
-    return model
 
 
 @torch.no_grad()
@@ -544,14 +522,12 @@ def predict(model, tensors, batch_size, runtime):
         with runtime.autocast():
             out = model(**batch)[:-1]  # drop the (None) loss
         outputs.append([o.float().cpu() for o in out])
-    model.train()
     per_rank = runtime.gather_object(outputs)  # [rank][batch][output]
     ordered = [per_rank[r][b] for b in range(len(outputs)) for r in range(runtime.world_size)]
     return [torch.cat(column)[:n] for column in zip(*ordered)]
 
 
 def predict_examples(model, tokenizer, task, examples, settings, batch_size, runtime):
-    """A label or tag list per example, or (QA) {question id: answer text}."""
     tensors, meta = features(task, tokenizer, examples, settings, training=False)
     outputs = predict(model, tensors, batch_size, runtime)
     if task.kind == "classification":
@@ -562,7 +538,6 @@ def predict_examples(model, tokenizer, task, examples, settings, batch_size, run
 
 
 def predict_file(cfg):
-    """`python finetune.py predict`, written in the official formats (those `evaluate.py score` reads)."""
     model, tokenizer, info = load_finetuned(cfg.model)
     task = TASKS[cfg.task]
     if cfg.task != info["task"] and not task.kind == TASKS[info["task"]].kind == "qa":  # SQuAD -> MLQA is fine
@@ -586,10 +561,8 @@ def predict_file(cfg):
 # The zero-shot table
 
 def with_defaults(cfg, encoder_config, log):
-    """Appendix A.3's defaults (Table 10's, or Table 15's for RemBERT's shape) for --lr, --batch-size, --seq-len."""
     task, rembert = TASKS[cfg.task], CONFIGS["rembert"]
-    shape = (encoder_config.hidden_size, encoder_config.intermediate_size)
-    if shape == (rembert.hidden_size, rembert.intermediate_size):
+    if all(getattr(encoder_config, k) == getattr(rembert, k) for k in ("hidden_size", "intermediate_size")):
         lrs, batch_size, source = [task.rembert[0]], task.rembert[1], "Table 15's, for an encoder of RemBERT's shape"
     else:
         lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
@@ -613,9 +586,8 @@ def check_out_dir(cfg, runtime, log):
     files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
     digests = {f: data.sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
     ours["sha256"] = runtime.gather_object(digests)[0]  # read once, by rank 0 (an --init may be gigabytes)
-    runs = [path for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")
-            for path in glob.glob(os.path.join(cfg.out_dir, name))]
-    if not runs:
+    if not any(glob.glob(os.path.join(cfg.out_dir, name))
+               for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")):
         if runtime.is_main:
             os.makedirs(cfg.out_dir, exist_ok=True)
             data.write_json(path, ours)
@@ -688,13 +660,12 @@ def run(cfg):
             if runtime.is_main:
                 os.makedirs(run_dir, exist_ok=True)
             train(model, train_tensors, cfg, lr, runtime, seed, log, os.path.join(run_dir, "train-state.pt"))
-            scores = {}
+            scores = sweep[lr][seed] = {}
             for lang, examples in evals.items():
                 predicted = predict_examples(model, tokenizer, task, examples, settings, cfg.eval_batch_size, runtime)
                 result = evaluate.task_scores(cfg.task, examples, predicted, lang)
                 scores[lang] = {m: result[m] for m in task.metrics}
             scores["average"] = average(list(scores.values()))
-            sweep[lr][seed] = scores
             evaluate.print_table(f"{cfg.task}, lr {lr!r}, seed {seed}", scores, log)
             if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
                 save_finetuned(model.cpu(), cfg, tokenizer.model_file, run_dir)
@@ -702,7 +673,6 @@ def run(cfg):
                 os.remove(os.path.join(run_dir, "train-state.pt"))
                 log(f"saved the fine-tuned model to {run_dir}")
 
-    # The mean over seeds for each rate; the rate with the best average of the task's first metric.
     tables = {lr: {lang: average([runs[s][lang] for s in cfg.seeds]) for lang in runs[cfg.seeds[0]]}
               for lr, runs in sweep.items()}
     metric = task.metrics[0]

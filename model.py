@@ -456,11 +456,10 @@ def save_hf(model, path):
     else:
         raise TypeError(f"save_hf cannot export a {type(model).__name__}")
     config = encoder.config
-    state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()}
+    state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()} | extra
     if config.input_embedding_size == config.hidden_size:  # transformers always projects: the identity
         state[prefix + hf_name("embedding_projection.weight")] = torch.eye(config.hidden_size)
         state[prefix + hf_name("embedding_projection.bias")] = torch.zeros(config.hidden_size)
-    state.update(extra)
     hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
     hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu", pad_token_id=0,
                      tie_word_embeddings=config.tie_embeddings, attention_probs_dropout_prob=config.dropout)

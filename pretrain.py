@@ -28,9 +28,7 @@ is checked at each log line, and the weights themselves before each checkpoint, 
 holds a bad step.
 """
 
-import argparse
 import contextlib
-import dataclasses
 import glob
 import itertools
 import math
@@ -39,7 +37,7 @@ import pickle
 import re
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -57,8 +55,7 @@ class TrainConfig:
     data: str = flag("sample_data", "a text file or a directory of *.txt files, one sentence per line, a blank "
                                     "line between documents", GIVEN)
     tokenizer: str = flag("out/tokenizer/spm.model", "SentencePiece model; trained on --data with the config's "
-                                                     "vocab_size if missing", (lambda v: v.endswith(".model"),
-                                                                               "a file name ending in .model"))
+                          "vocab_size if missing", (lambda v: v.endswith(".model"), "a file name ending in .model"))
     out_dir: str = flag("out/pretrain", "where checkpoints go", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
@@ -100,11 +97,10 @@ def parse_args(argv=None):
     add_flags(parser.add_argument_group("training"), TrainConfig)
     add_flags(parser.add_argument_group("model: ModelConfig fields (default: the --config's)"), ModelConfig,
               default_none=True)
-    args = parse_flags(parser, argv)
+    args = vars(parse_flags(parser, argv))
     cfg = build(parser, TrainConfig, args)
-    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(ModelConfig)
-               if getattr(args, f.name) is not None}
-    model_config = build(parser, ModelConfig, argparse.Namespace(**asdict(CONFIGS[cfg.config]) | changes))
+    changes = {name: value for name, value in args.items() if value is not None}  # the model's: None if not given
+    model_config = build(parser, ModelConfig, asdict(CONFIGS[cfg.config]) | changes)
     if cfg.seq_len > model_config.max_position_embeddings:
         parser.error(f"--seq-len {cfg.seq_len} exceeds max_position_embeddings {model_config.max_position_embeddings}")
     return model_config, cfg
@@ -125,12 +121,16 @@ class Runtime:
     def is_main(self):
         return self.rank == 0
 
+    @property
+    def xm(self):  # torch_xla's xla_model, imported on XLA only
+        import torch_xla.core.xla_model as xm
+        return xm
+
     def autocast(self):  # bf16 on CUDA; a no-op elsewhere
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.kind == "cuda")
 
     def wrap_model(self, model):
-        """Move to the device; DDP across torchrun processes. On XLA the replicas stay plain
-        modules: optimizer_step all-reduces their gradients."""
+        """On XLA the replicas stay plain modules: optimizer_step all-reduces their gradients."""
         model = model.to(self.device)
         if self.world_size > 1 and self.kind != "xla":
             return torch.nn.parallel.DistributedDataParallel(
@@ -145,16 +145,12 @@ class Runtime:
             return iter(MpDeviceLoader(batches, self.device))
         return ({k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches)
 
-    def optimizer_step(self, optimizer, max_grad_norm=None):
-        """All-reduce gradients (XLA; DDP did it in backward), clip their global norm, step.
-        xm.optimizer_step is reduce_gradients + step; clipping must sit between the two, so
-        on XLA its two halves are called here."""
-        params = [p for group in optimizer.param_groups for p in group["params"]]
+    def optimizer_step(self, optimizer, max_grad_norm):
+        """xm.optimizer_step is reduce_gradients + step; clipping must sit between the two, so
+        on XLA its two halves are called here (DDP reduced the gradients in backward)."""
         if self.kind == "xla":
-            import torch_xla.core.xla_model as xm
-            xm.reduce_gradients(optimizer)
-        if max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+            self.xm.reduce_gradients(optimizer)
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
         optimizer.step()
         if self.kind == "xla":
             import torch_xla
@@ -165,8 +161,7 @@ class Runtime:
         if self.world_size == 1:
             return tensor
         if self.kind == "xla":
-            import torch_xla.core.xla_model as xm
-            return xm.all_reduce(xm.REDUCE_SUM, tensor)
+            return self.xm.all_reduce(self.xm.REDUCE_SUM, tensor)
         dist.all_reduce(tensor)
         return tensor
 
@@ -178,8 +173,7 @@ class Runtime:
         if self.world_size == 1:
             return [obj]
         if self.kind == "xla":  # rendezvous exchanges bytes, in the order of the processes
-            import torch_xla.core.xla_model as xm
-            return [pickle.loads(payload) for payload in xm.rendezvous("gather_object", pickle.dumps(obj))]
+            return [pickle.loads(payload) for payload in self.xm.rendezvous("gather_object", pickle.dumps(obj))]
         gathered = [None] * self.world_size
         dist.all_gather_object(gathered, obj)
         return gathered
@@ -187,52 +181,41 @@ class Runtime:
     def rng_state(self):
         """Every generator the step draws from (dropout), for exact resume."""
         state = {"torch": torch.get_rng_state()}
-        if self.kind == "cuda":
-            state["cuda"] = torch.cuda.get_rng_state(self.device)
-        if self.kind == "xla":
-            import torch_xla.core.xla_model as xm
-            state["xla"] = xm.get_rng_state(self.device)
+        if self.kind != "cpu":
+            state[self.kind] = (self.xm if self.kind == "xla" else torch.cuda).get_rng_state(self.device)
         return state
 
     def set_rng_state(self, state):
         torch.set_rng_state(state["torch"])
-        if self.kind != "cpu" and self.kind not in state:  # saved on another kind of device
+        if self.kind in state:
+            (self.xm if self.kind == "xla" else torch.cuda).set_rng_state(state[self.kind], self.device)
+        elif self.kind != "cpu":  # saved on another kind of device
             warnings.warn(f"the saved state has no {self.kind} random state: dropout draws differ from the saved run's")
-            return
-        if self.kind == "cuda":
-            torch.cuda.set_rng_state(state["cuda"], self.device)
-        if self.kind == "xla":
-            import torch_xla.core.xla_model as xm
-            xm.set_rng_state(state["xla"], self.device)
 
     def save(self, obj, path):
         """Write atomically from the main process: a temporary file, flushed, then renamed, so a
-        crash mid-write never leaves a broken `path`. A save that fails (a full disk) leaves no
-        partial file behind and names `path`."""
+        crash mid-write never leaves a broken `path`."""
         tmp = path + ".tmp"
         try:
             if self.kind == "xla":
-                import torch_xla.core.xla_model as xm
-                xm.save(obj, tmp, master_only=True, global_master=True)  # moves to CPU; all call it
+                self.xm.save(obj, tmp, master_only=True, global_master=True)  # moves to CPU; all call it
             elif self.is_main:
                 torch.save(obj, tmp)
             if self.is_main:
                 with open(tmp, "rb") as f:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
-        except BaseException as e:
-            if self.is_main:
+        except (OSError, RuntimeError) as e:
+            raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from e
+        finally:
+            if self.is_main:  # a save that failed (a full disk, Ctrl-C) leaves no partial file behind
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
-            if isinstance(e, (OSError, RuntimeError)):
-                raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from e
-            raise
 
 
 def setup_runtime(device="auto"):
-    """The one device block. `device`: auto | cpu | cuda | xla. Data parallelism comes from the
-    launcher: torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nccl on GPUs, gloo on CPU), or on XLA
-    torch_xla.launch's processes (PJRT), one per core or chip."""
+    """Data parallelism comes from the launcher: torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nccl on GPUs, gloo on
+    CPU), or on XLA torch_xla.launch's processes (PJRT), one per core or chip."""
     device = resolve_device(device)
     if device == "xla":
         import torch_xla
@@ -240,27 +223,23 @@ def setup_runtime(device="auto"):
         return Runtime("xla", torch_xla.device(), xr.global_ordinal(), xr.world_size())
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
-        torch.cuda.set_device(local_rank)
-        torch_device = torch.device("cuda", local_rank)
-    else:
-        torch_device = torch.device("cpu")
+        torch.cuda.set_device(torch_device)
     if world_size > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device == "cuda" else "gloo")
     return Runtime(device, torch_device, rank, world_size, local_rank)
 
 
 # ----------------------------------------------------------------------------------------------
-# Optimisation (Table 14): AdamW, β 0.9/0.999, ε 1e-6, weight decay 0.01 on matrices only,
-# linear warm-up then linear decay
+# Optimisation (Table 14)
 
 def build_optimizer(model, lr, weight_decay):
     """AdamW over the trainable parameters. Biases and LayerNorm gains (the 1-D tensors) get no
     weight decay, as in BERT; frozen parameters (the pooler in pre-training) are left out."""
     params = {id(p): p for p in model.parameters() if p.requires_grad}.values()  # tied: once
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
 
 
@@ -393,8 +372,7 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
                 logits, _ = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
                                   batch["masked_positions"])  # (B, P, V)
             ids, weights = batch["masked_ids"].flatten(), batch["masked_weights"].flatten().float()
-            ce = F.cross_entropy(logits.flatten(0, 1).float(), ids, reduction="none")
-            loss_sum = (ce * weights).sum()
+            loss_sum = (F.cross_entropy(logits.flatten(0, 1).float(), ids, reduction="none") * weights).sum()
             (loss_sum * runtime.world_size / count).backward()
         correct = ((logits.detach().argmax(-1).flatten() == ids).float() * weights).sum()
         stats += torch.stack([loss_sum.detach(), correct, weights.sum()])
@@ -422,14 +400,13 @@ def train(model_config, cfg):
     runtime = setup_runtime(cfg.device)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
-    # The checkpoint to resume from comes first: its tokenizer is the run's when --tokenizer names no file.
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
     if resumed and not os.path.exists(cfg.tokenizer):  # never a new tokenizer for a run that has one
         saved = resumed[1].get("tokenizer", {}).get("path")
         if not saved or not os.path.exists(saved):
             raise DataError(f"--tokenizer {cfg.tokenizer} is not there, nor the one {resumed[0]} was trained with "
                             f"({saved or 'not recorded'}); pass --tokenizer with that file")
-        cfg = dataclasses.replace(cfg, tokenizer=saved)
+        cfg = replace(cfg, tokenizer=saved)
         log(f"--resume: {resumed[0]}'s tokenizer, {cfg.tokenizer}")
     log(f"model config: {asdict(model_config)}")
     log(f"train config: {asdict(cfg)}")
@@ -465,8 +442,7 @@ def train(model_config, cfg):
         path, checkpoint = resumed
         saved = {**checkpoint["config"], **{k: checkpoint["train_config"].get(k) for k in SAME_ON_RESUME}}
         now = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
-        differ = [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]
-        if differ:
+        if differ := [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]:
             raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
                             f"the same --config, overrides and training flags, or another --out-dir")
         if checkpoint.get("tokenizer", {}).get("sha256", tokenizer.sha256) != tokenizer.sha256:
@@ -517,8 +493,7 @@ def train(model_config, cfg):
             if not math.isfinite(loss):
                 raise FloatingPointError(f"the loss became {loss} between steps {last_step + 1} and {step}; "
                                          f"{last_good(cfg.out_dir)} (try a lower --lr)")
-            elapsed, now = time.time() - last_log, time.time()
-            seconds_per_step = elapsed / (step - last_step)
+            seconds_per_step = (time.time() - last_log) / (step - last_step)
             compiles = ""
             if runtime.kind == "xla":
                 import torch_xla.debug.metrics as met
@@ -526,7 +501,7 @@ def train(model_config, cfg):
             log(f"step {step:>6}/{cfg.steps} | loss {loss:.4f} | mlm acc {correct / max(count, 1.0):.3f} "
                 f"| lr {lr:.2e} | {tokens_per_step / seconds_per_step:,.0f} tok/s "
                 f"| left {(cfg.steps - step) * seconds_per_step / 60:.1f} min{compiles}")
-            last_log, last_step = now, step
+            last_log, last_step = time.time(), step
         if not weights_are_sound(raw_model, micro_batches[-1], runtime):
             raise FloatingPointError(f"the update of step {step} broke the weights (not finite, or a non-finite "
                                      f"loss); not saved. {last_good(cfg.out_dir)} (try a lower --lr)")
@@ -542,7 +517,6 @@ def last_good(out_dir):
 
 
 def launch(function, device, *args):
-    """function(*args) in this process, or on XLA in one process per core or chip (torch_xla.launch)."""
     if resolve_device(device) != "xla":
         return function(*args)
     import torch_xla

@@ -25,66 +25,43 @@ import contextlib
 import glob
 import importlib.util
 import itertools
-import json
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import data
 import evaluate
 import finetune
 import pretrain
-from configs import GIVEN, at_least, check_flags, flag, parse_command_line, resolve_device, run_script
-from model import DataError, ModelConfig, count_parameters
+from configs import GIVEN, MBERT, at_least, check_flags, flag, parse_command_line, resolve_device, run_script
+from model import DataError, count_parameters
 
 SHARED = Path(__file__).resolve().parent.parent / "shared" / "data"
 PANX_LANGS = ("de", "en", "es", "nl", "pl", "ru")
 XNLI_LANGS = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh")
 
-
-@dataclass(frozen=True)
-class Preset:
-    hidden: int  # H
-    layers: int
-    heads: int
-    small: int  # the small E_in (and E_out) of the output-size and extra-layer models: H/4
-    extra_layers: int  # pre-training-only layers on top (the paper: 11, about E_out 768's parameters)
-    vocab: int
-    seq_len: int
-    batch_size: int
-    steps: int
-    lr: float
-    finetune_lr: float
-    epochs: int
-    max_train: int  # fine-tuning examples (0: all)
-    max_eval: int  # evaluation examples per language (0: all)
-    figure1_layers: tuple  # the layers kept for Figure 1
-    probe_pairs: int  # parallel questions for Figure 2 (0: all 1190)
-    seeds: int
-
-
 PRESETS = {
-    "quick": Preset(hidden=64, layers=2, heads=2, small=16, extra_layers=2, vocab=2000, seq_len=64, batch_size=16,
-                    steps=40, lr=2e-3, finetune_lr=5e-4, epochs=1, max_train=160, max_eval=40, figure1_layers=(1,),
-                    probe_pairs=200, seeds=1),
+    "quick": dict(hidden=64, layers=2, heads=2, small=16, extra_layers=2, vocab=2000, seq_len=64, batch_size=16,
+                  steps=40, lr=2e-3, finetune_lr=5e-4, epochs=1, max_train=160, max_eval=40, figure1_layers=[1],
+                  probe_pairs=200, seeds=1),
     # Its rate and length were set on the decoupled model alone, before any comparison ran, so that its
     # masked-LM loss falls below the corpus's unigram entropy (7.3 nats) within the time budget.
-    "cpu": Preset(hidden=64, layers=4, heads=2, small=16, extra_layers=4, vocab=8000, seq_len=128, batch_size=32,
-                  steps=450, lr=2e-3, finetune_lr=5e-4, epochs=3, max_train=0, max_eval=0, figure1_layers=(1, 2, 3),
-                  probe_pairs=0, seeds=3),
-    "gpu": Preset(hidden=256, layers=6, heads=4, small=64, extra_layers=6, vocab=16000, seq_len=128, batch_size=128,
-                  steps=6000, lr=1e-3, finetune_lr=2e-4, epochs=3, max_train=0, max_eval=0,
-                  figure1_layers=(1, 2, 3, 4, 5), probe_pairs=0, seeds=3),
+    "cpu": dict(hidden=64, layers=4, heads=2, small=16, extra_layers=4, vocab=8000, seq_len=128, batch_size=32,
+                steps=450, lr=2e-3, finetune_lr=5e-4, epochs=3, max_train=0, max_eval=0, figure1_layers=[1, 2, 3],
+                probe_pairs=0, seeds=3),
+    "gpu": dict(hidden=256, layers=6, heads=4, small=64, extra_layers=6, vocab=16000, seq_len=128, batch_size=128,
+                steps=6000, lr=1e-3, finetune_lr=2e-4, epochs=3, max_train=0, max_eval=0,
+                figure1_layers=[1, 2, 3, 4, 5], probe_pairs=0, seeds=3),
 }
 
 
 def models(p):
-    """The compared models by name: ModelConfig of one shape, differing in their embeddings only."""
-    base = ModelConfig(vocab_size=p.vocab, hidden_size=p.hidden, num_layers=p.layers, num_heads=p.heads,
-                       intermediate_size=4 * p.hidden, input_embedding_size=p.hidden, output_embedding_size=p.hidden,
-                       dropout=0.0)
+    """The compared models by name: a small mBERT (no dropout), one shape differing in its embeddings only."""
+    base = replace(MBERT, vocab_size=p.vocab, hidden_size=p.hidden, num_layers=p.layers, num_heads=p.heads,
+                   intermediate_size=4 * p.hidden, input_embedding_size=p.hidden, output_embedding_size=p.hidden)
     small = replace(base, input_embedding_size=p.small)
     return {"coupled": replace(base, tie_embeddings=True), "decoupled": base,
             f"E_out {p.small}": replace(small, output_embedding_size=p.small),
@@ -97,7 +74,7 @@ def models(p):
 # The paper's rows (mBERT-sized, 26B tokens) in the order of models(): (row, XNLI acc., NER F1, Table 8's MLM acc.).
 PAPER = [("Table 2, coupled (E 768)", 70.7, 69.2, 61.1), ("Table 2, decoupled (E 768)", 71.3, 68.9, 61.6),
          ("Table 4, E_out 128", 68.1, 65.2, 59.0), ("Table 4, E_out 768", 70.4, 67.6, 60.7),
-         ("Table 4, E_out 3072", 71.1, 68.1, 62.3), ("Table 5, E_out 128 + 11 layers", 71.2, 67.3, None)]
+         ("Table 4, E_out 3072", 71.1, 68.1, 62.3), ("Table 5, E_out 128 + 11 layers", 71.2, 67.3, "-")]
 
 
 @dataclass
@@ -140,57 +117,51 @@ def split_corpus(source, out):
         cut = text[len(text) - max(1, len(text) // 10)]
         for part, chunk in (("train", lines[:cut]), ("heldout", lines[cut:])):
             os.makedirs(os.path.join(out, part), exist_ok=True)
-            with open(os.path.join(out, part, name), "w", encoding="utf-8") as f:
-                f.write("\n".join(chunk) + "\n")
+            Path(out, part, name).write_text("\n".join(chunk) + "\n", encoding="utf-8")
     return os.path.join(out, "train"), os.path.join(out, "heldout")
 
 
-def quietly(fn, log_path, *args):
-    """fn(*args) with its log lines in log_path rather than on the screen."""
-    with open(log_path, "w") as log, contextlib.redirect_stdout(log):
-        return fn(*args)
-
-
-def run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir):
+def run_seed(name, seed, p, cfg, corpus, tokenizer_file):
     """Pre-train one model with one seed, then measure it: {measure: value}."""
+    run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
     os.makedirs(run_dir, exist_ok=True)
     train_config = pretrain.TrainConfig(
         data=corpus[0], tokenizer=tokenizer_file, out_dir=os.path.join(run_dir, "pretrain"), device=cfg.device,
         seq_len=p.seq_len, max_predictions=round(0.15 * p.seq_len), batch_size=p.batch_size, steps=p.steps,
         warmup=p.steps // 10, lr=p.lr, log_every=max(1, p.steps // 20), checkpoint_every=p.steps, seed=seed,
         resume=True)
-    model = quietly(pretrain.train, os.path.join(run_dir, "pretrain.log"), config, train_config)
+    with open(os.path.join(run_dir, "pretrain.log"), "w") as log, contextlib.redirect_stdout(log):  # not on screen
+        model = pretrain.train(models(p)[name], train_config)
     checkpoint = pretrain.checkpoint_paths(train_config.out_dir)[-1]
-    tokenizer = data.Tokenizer(tokenizer_file)
-    device = pretrain.setup_runtime(cfg.device).device
-    heldout = data.MLMLoader(corpus[1], tokenizer, batch_size=p.batch_size, seq_len=p.seq_len,
-                             max_predictions=train_config.max_predictions, seed=10_000)
-    accuracy = evaluate.mlm_accuracy(model.to(device), itertools.islice(heldout, 20), device)["accuracy"]
-    result = {"parameters": count_parameters(model), "mlm_accuracy": accuracy}
 
     def transfer(task, keep=0):
         """Fine-tuned on English (PAN-X's train file; XNLI's first 80% of dev-en): the other languages' mean, en's."""
-        folder, langs = ("ner/panx", PANX_LANGS) if task == "panx" else ("xnli", XNLI_LANGS)
+        folder, train, fraction, langs = {"panx": ("ner/panx", "train-en.tsv", 1.0, PANX_LANGS),
+                                          "xnli": ("xnli", "dev-en.tsv", 0.8, XNLI_LANGS)}[task]
         ft = finetune.FinetuneConfig(
-            task=task, init=checkpoint, tokenizer=tokenizer_file,
-            train=os.path.join(cfg.tasks, folder, "train-en.tsv" if task == "panx" else "dev-en.tsv"),
-            eval=[os.path.join(cfg.tasks, folder, f"dev-{lang}.tsv") for lang in langs],
-            train_fraction=1.0 if task == "panx" else 0.8, max_train=p.max_train, max_eval=p.max_eval,
-            out_dir=os.path.join(run_dir, f"{task}-{keep}"), device=cfg.device, lr=[p.finetune_lr], epochs=p.epochs,
-            seeds=[seed], keep_layers=keep, resume=True)
-        table = quietly(finetune.run, os.path.join(run_dir, f"{task}-{keep}.log"), ft)
+            task=task, init=checkpoint, tokenizer=tokenizer_file, train=os.path.join(cfg.tasks, folder, train),
+            eval=[os.path.join(cfg.tasks, folder, f"dev-{lang}.tsv") for lang in langs], train_fraction=fraction,
+            max_train=p.max_train, max_eval=p.max_eval, out_dir=os.path.join(run_dir, f"{task}-{keep}"),
+            device=cfg.device, lr=[p.finetune_lr], epochs=p.epochs, seeds=[seed], keep_layers=keep, resume=True)
+        with open(os.path.join(run_dir, f"{task}-{keep}.log"), "w") as log, contextlib.redirect_stdout(log):
+            table = finetune.run(ft)
         metric = finetune.TASKS[task].metrics[0]
         others = [row[metric] for lang, row in table.items() if lang not in ("en", "average")]
         return {"transfer": sum(others) / len(others), "en": table["en"][metric]}
 
-    result["panx"], result["xnli"] = transfer("panx"), transfer("xnli")
+    tokenizer = data.Tokenizer(tokenizer_file)
+    heldout = data.MLMLoader(corpus[1], tokenizer, batch_size=p.batch_size, seq_len=p.seq_len,
+                             max_predictions=train_config.max_predictions, seed=10_000)
+    accuracy = evaluate.mlm_accuracy(model.to(cfg.device), itertools.islice(heldout, 20), cfg.device)["accuracy"]
+    result = {"parameters": count_parameters(model), "mlm_accuracy": accuracy, "panx": transfer("panx"),
+              "xnli": transfer("xnli")}
     if name.startswith("E_out") and "layers" not in name:  # Figure 1: one curve per E_out
         result["figure1"] = {str(keep): transfer("panx", keep)["transfer"] for keep in p.figure1_layers}
         result["figure1"][str(p.layers)] = result["panx"]["transfer"]
     pairs = evaluate.read_parallel(*(Path(cfg.tasks) / f"xquad/xquad.{lang}.json" for lang in ("en", "de")))
     source, target = ([tokenizer.encode(t) for t in side[:p.probe_pairs or None]] for side in pairs)
-    result["figure2"] = evaluate.translation_probe(model.encoder.to(device), source, target, tokenizer.cls_id,
-                                                   tokenizer.sep_id, tokenizer.pad_id, device=device)
+    result["figure2"] = evaluate.translation_probe(model.encoder.to(cfg.device), source, target, tokenizer.cls_id,
+                                                   tokenizer.sep_id, tokenizer.pad_id, device=cfg.device)
     return result
 
 
@@ -202,29 +173,24 @@ def summarize(results, p, out_dir):
     """results.md (the table) and figure1.png, figure2.png (one curve per E_out)."""
     import matplotlib.pyplot as plt
     plt.switch_backend("Agg")
-
-    def cell(name, pick):
-        return "{:.1f} ± {:.1f}".format(*mean_std([pick(r) for r in results[name].values()]))
-
     lines = [f"Mean ± standard deviation over {p.seeds} seed(s); H {p.hidden}, "
              f"{p.layers} layers, {p.steps} pre-training steps of {p.batch_size} x {p.seq_len} tokens. Zero-shot: "
              "the average over the languages other than English. The paper: XTREME's averages, mBERT-sized.", "",
              "| model | PT / FT params | MLM acc. | PAN-X F1 zero-shot | PAN-X F1 en | XNLI acc. zero-shot "
              "| XNLI acc. en | paper: row | XNLI | NER F1 | MLM acc. |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
-    for name, (row, xnli, ner, mlm) in zip(models(p), PAPER):
+    for name, paper in zip(models(p), PAPER):
         counts = results[name]["0"]["parameters"]
-        lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M "
-                     f"| {cell(name, lambda r: r['mlm_accuracy'])} | {cell(name, lambda r: r['panx']['transfer'])} "
-                     f"| {cell(name, lambda r: r['panx']['en'])} | {cell(name, lambda r: r['xnli']['transfer'])} "
-                     f"| {cell(name, lambda r: r['xnli']['en'])} | {row} | {xnli} | {ner} | {mlm or '-'} |")
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    curves = [name for name in models(p) if "figure1" in results[name]["0"]]
+        runs = [[r["mlm_accuracy"], r["panx"]["transfer"], r["panx"]["en"], r["xnli"]["transfer"], r["xnli"]["en"]]
+                for r in results[name].values()]
+        cells = ["{:.1f} ± {:.1f}".format(*mean_std(column)) for column in zip(*runs)]
+        lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M | "
+                     f"{' | '.join(cells)} | {' | '.join(map(str, paper))} |")
+    Path(out_dir, "results.md").write_text("\n".join(lines) + "\n")
     for figure, xlabel, ylabel in (("figure1", "layers kept for fine-tuning", "PAN-X F1, zero-shot average (%)"),
                                    ("figure2", "layer (0: embeddings)", "en->de nearest-neighbour accuracy (%)")):
         fig, ax = plt.subplots(figsize=(5, 3.4), layout="tight")
-        for name in curves:
+        for name in (n for n in models(p) if "figure1" in results[n]["0"]):  # the E_out models
             runs = [r[figure] for r in results[name].values()]  # figure1: {layers kept: F1}, figure2: [accuracy]
             xs = sorted(map(int, runs[0])) if figure == "figure1" else range(len(runs[0]))
             stats = [mean_std([run[str(x)] if figure == "figure1" else run[x] for run in runs]) for x in xs]
@@ -239,12 +205,12 @@ def summarize(results, p, out_dir):
 def main(argv=None):
     _, cfg = parse_command_line(__doc__, ReproduceConfig, argv)
     cfg = replace(cfg, device=resolve_device(cfg.device))
-    p = PRESETS["quick" if cfg.quick else "gpu" if cfg.device == "cuda" else "cpu"]
-    p = replace(p, seeds=cfg.seeds or p.seeds)
+    preset = "quick" if cfg.quick else "gpu" if cfg.device == "cuda" else "cpu"
+    p = SimpleNamespace(**PRESETS[preset])
+    p.seeds = cfg.seeds or p.seeds
     started = time.time()
-    print(f"preset {'quick' if cfg.quick else cfg.device}: {asdict(p)}", flush=True)
-    setup = json.loads(json.dumps(  # as the JSON files hold it (tuples as lists)
-        {"preset": asdict(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}))
+    print(f"preset {preset}: {vars(p)}", flush=True)
+    setup = {"preset": vars(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}
     setup_path = os.path.join(cfg.out_dir, "setup.json")
     if os.path.exists(setup_path) and evaluate.read_json(setup_path) != setup:
         raise DataError(f"{cfg.out_dir} holds a run of another preset or other data; choose another --out-dir")
@@ -255,15 +221,11 @@ def main(argv=None):
     results = stored["results"]
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     data.write_json(setup_path, setup)  # after split_corpus checked --data
-    tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
-    if not os.path.exists(tokenizer_file):
-        data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"))
-    jobs = [(name, config, seed) for name, config in models(p).items() for seed in range(p.seeds)
-            if str(seed) not in results.get(name, {})]
-    for done, (name, config, seed) in enumerate(jobs, 1):
-        run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
+    tokenizer_file = os.path.join(cfg.out_dir, "spm.model")  # trained by the first pre-training
+    jobs = [(name, seed) for name in models(p) for seed in range(p.seeds) if str(seed) not in results.get(name, {})]
+    for done, (name, seed) in enumerate(jobs, 1):
         job_started = time.time()
-        results.setdefault(name, {})[str(seed)] = run_seed(name, config, seed, p, cfg, corpus, tokenizer_file, run_dir)
+        results.setdefault(name, {})[str(seed)] = run_seed(name, seed, p, cfg, corpus, tokenizer_file)
         elapsed = time.time() - started
         data.write_json(results_path, {"setup": setup, "results": results, "seconds": elapsed})
         print(f"[{done}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s | elapsed "
