@@ -147,8 +147,9 @@ class Runner:
             result = loss(self.phase, self.side, self.step_model, self.batch)
             if self.phase != "infer":
                 result.backward()
-                self.optimizer.step()
-                self.optimizer.zero_grad(set_to_none=True)
+        if self.phase != "infer":  # (the optimizer outside autocast, as a training loop has it)
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - start

@@ -59,6 +59,8 @@ NEWLINE = b"\n"
 
 def corpus_files(data):
     """{language: [paths]} from a file, a directory (its *.txt) or a list of them."""
+    if isinstance(data, dict):  # (not {language: files}: a file's language is its name)
+        raise TypeError("corpus files: a file, a directory or a list of them, not a dict")
     langs = {}
     for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
         found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
@@ -363,12 +365,16 @@ class _Stream:
         self.share = functools.cache(self._share)
         # The CACHED most recent chunk orders and chunks (documents shuffled): memory flat in the languages.
         self.chunk_order = functools.lru_cache(CACHED)(
-            lambda lang, borrow, pass_: self._rng(lang, borrow, pass_).permutation(self.share(lang, borrow)[1]))
+            lambda lang, borrow, pass_: self._shuffled(self.share(lang, borrow)[1], lang, borrow, pass_))
         self.chunk_docs = functools.lru_cache(CACHED)(self._chunk_docs)
         self.line_ids = self.line_key = None
 
     def _rng(self, *keys):
         return np.random.default_rng([self.corpus.seed, self.stream, *keys])
+
+    def _shuffled(self, n, *keys):
+        """A random order of range(n), a pure function of the keys (one item needs no draw)."""
+        return self._rng(*keys).permutation(n) if n > 1 else range(n)
 
     def _share(self, lang, borrow):
         """Share (stream + borrow) % S of the language's files, [(path, first byte, end byte, chunks in the files
@@ -387,7 +393,7 @@ class _Stream:
         k, step = int(self.chunk_order(lang, borrow, pass_)[chunk]), self.corpus.shuffle_bytes
         path, first, end, before = next(part for part in reversed(parts) if part[3] <= k)
         docs = read_chunk(path, first + (k - before) * step, min(first + (k - before + 1) * step, end))
-        return [docs[i] for i in self._rng(lang, borrow, pass_, chunk).permutation(len(docs))]
+        return [docs[i] for i in self._shuffled(len(docs), lang, borrow, pass_, chunk)]
 
     def _take(self, lang, n):
         """Up to n pieces of the language's current line (fewer at its end); None when the pass over the share is

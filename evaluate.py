@@ -86,6 +86,8 @@ def _is_mlqa_punctuation(ch):
 
 
 def mlqa_normalize(text, lang):
+    """MLQA v1: lower case, drop Unicode punctuation, drop the language's articles, re-tokenize (Chinese:
+    character-level for ideographs) and join the tokens with single spaces."""
     if lang not in MLQA_LANGUAGES:
         raise ValueError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
     text = "".join(ch for ch in text.lower() if not _is_mlqa_punctuation(ch))
@@ -488,7 +490,8 @@ def main(argv=None):
                           **mlm_accuracy(model.to(device), itertools.islice(loader, cfg.batches), device)}))
         return
     source, target = read_parallel(cfg.source, cfg.target, cfg.unit)
-    print(f"translation vector fitted on {len(source) // 2} pairs, retrieval among the other "
+    print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
+          f"{cfg.target}; translation vector fitted on {len(source) // 2}, retrieval among the other "
           f"{len(source) - len(source) // 2} (chance: {100 / (len(source) - len(source) // 2):.2f}%)", file=sys.stderr)
     ids = [[tokenizer.encode(t) for t in side] for side in (source, target)]
     if cut := sum(len(sentence) > cfg.max_len - 2 for side in ids for sentence in side):

@@ -148,7 +148,8 @@ class PredictConfig:
 # Features (static shapes: every row padded to seq_len) and their decoding
 
 def to_tensors(features, seq_len, pad_id):
-    """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) tensors, -100: no loss."""
+    """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
+    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
     features = [{**f, "attention_mask": [1] * len(f["input_ids"])} for f in features]
     pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
 
@@ -199,8 +200,9 @@ def tagging_predictions(examples, tensors, predictions, labels):
 
 
 def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, training=False):
-    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP]; training=True adds
-    start_positions / end_positions (the first answer's pieces; 0, the [CLS], when the window does not hold it).
+    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP], the question cut
+    to max_query_length pieces, windows starting every doc_stride pieces. training=True adds start_positions /
+    end_positions (the first answer's pieces; 0, the [CLS], when the window does not hold it).
     Returns (tensors, meta); meta[i] = {"example": index into examples, "offsets": (start, end) characters of
     the context for each context position (None elsewhere), "max_context": [bool]} for decode_spans."""
     features, meta = [], []
@@ -260,8 +262,10 @@ def _is_max_context(windows, window, position):
 
 
 def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer_length=30):
-    """run_squad.py's n-best decoding over each example's windows, the answer cut from the ORIGINAL context by
-    character offsets (no detokenization). Returns {question id: answer text} ("" when none qualifies)."""
+    """run_squad.py's n-best decoding: for each example, over its windows, the n_best highest start and end
+    logits; pairs inside the context, end >= start, at most max_answer_length pieces, the start at its max
+    context, both showing a character; the best start + end logit wins. The answer is cut from the ORIGINAL
+    context by character offsets (no detokenization). Returns {question id: answer text} ("" when none qualifies)."""
     start_logits, end_logits = start_logits.float().cpu(), end_logits.float().cpu()
     best = {}  # example index -> (score, text)
     for i, m in enumerate(meta):

@@ -232,7 +232,8 @@ def setup_runtime(device="auto"):
 
 
 # ----------------------------------------------------------------------------------------------
-# Optimisation (Table 14)
+# Optimisation (Table 14): AdamW, β 0.9/0.999, ε 1e-6, weight decay 0.01 on matrices only,
+# linear warm-up then linear decay
 
 def build_optimizer(model, lr, weight_decay):
     """AdamW over the trainable parameters. Biases and LayerNorm gains (the 1-D tensors) get no

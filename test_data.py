@@ -421,6 +421,8 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
     (tmp_path / "hidden" / ".fr.txt").write_text("une ligne\n")  # no language before the first dot
     with pytest.raises(data.DataError, match=r".fr.txt: a corpus file's language is its name up to the first dot"):
         data.MLMLoader(str(tmp_path / "hidden"), tokenizer)
+    with pytest.raises(TypeError, match=r"not a dict"):  # {language: files} is not a form: the name says it
+        data.MLMLoader({"en": [str(good)]}, tokenizer)
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf\nline\n")  # a byte order mark on a blank first line
     assert data.count_lines(str(tmp_path / "bom.txt")) == 1
     (tmp_path / "stray.txt").write_bytes(b"one\r\ntw\ro\r\r\nthree")  # a stray carriage return is a blank
