@@ -145,9 +145,8 @@ class Runner:
         with (torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"),
               torch.inference_mode(self.phase == "infer")):
             result = loss(self.phase, self.side, self.step_model, self.batch)
-            if self.phase != "infer":
-                result.backward()
-        if self.phase != "infer":  # (the optimizer outside autocast, as a training loop has it)
+        if self.phase != "infer":  # backward and the optimizer outside autocast, as a training loop has them
+            result.backward()
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
