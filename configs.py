@@ -9,10 +9,9 @@ paper's.
 """
 
 import argparse
-import difflib
+import importlib.util
 import math
 import os
-import re
 import sys
 import typing
 from dataclasses import MISSING, field, fields, replace
@@ -97,17 +96,14 @@ def parameter_counts(name):
 def resolve_device(device):
     """auto -> cuda if torch sees a GPU, else xla if PJRT_DEVICE is set (TPU VM), else cpu."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
-    if device not in ("cpu", "cuda", "xla"):
+        device = "cuda" if torch.cuda.is_available() else "xla" if os.environ.get("PJRT_DEVICE") else "cpu"
+    elif device not in ("cpu", "cuda", "xla"):
         raise ValueError(f"--device must be auto, cpu, cuda or xla, got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch sees no CUDA GPU (a CPU-only build of torch, or no driver?)")
-    if device == "xla":
-        try:
-            import torch_xla  # noqa: F401  (only whether it is there)
-        except ImportError:
-            raise ValueError("--device xla needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0 "
-                             "(with PJRT_DEVICE=TPU on a TPU VM, or CPU to try it)") from None
+    if device == "xla" and importlib.util.find_spec("torch_xla") is None:
+        raise ValueError("--device xla (or auto with PJRT_DEVICE set) needs torch-xla: pip install torch==2.9.0 "
+                         "torch-xla==2.9.0 (PJRT_DEVICE=TPU on a TPU VM, CPU to try it), or pass --device cpu")
     return device
 
 
@@ -128,8 +124,7 @@ def one_of(names):
 
 
 def flag(default, help, check=None):
-    """A dataclass field that is also a --flag: its default, its help, and the check of its values
-    (`check_flags`; a list's values each)."""
+    """A dataclass field that is also a --flag: its default, its help, and the check of its values (a list's: each)."""
     default_arg = {"default_factory": lambda: list(default)} if isinstance(default, list) else {"default": default}
     return field(**default_arg, metadata={"help": help, "check": check})
 
@@ -139,8 +134,7 @@ def check_flags(instance):
     for f in fields(instance):
         test, words = f.metadata.get("check") or (None, "")
         value = getattr(instance, f.name)
-        # A list field: each of its values (so a str in its place is refused, not taken as one value).
-        values = value if typing.get_origin(f.type) is list and test is not bool else [value]
+        values = value if typing.get_origin(f.type) is list and test is not bool else [value]  # (a str is no list)
         if test and not all(map(test, values)):
             raise ValueError(f"--{f.name.replace('_', '-')} must be {words}"
                              + (f", got {value!r}" if value not in ("", []) else ""))
@@ -151,52 +145,38 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def __init__(self, **kwargs):
         super().__init__(formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False, **kwargs)
-        self._negative_number_matcher = re.compile(r"-\.?\d")  # Python 3.13's: "-1e-3" is a value, not a flag
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def add_flags(parser, cls, default_none=False):
-    """One --flag per field of the dataclass `cls` (underscores written as dashes), with the field's type
-    and help; a bool is --flag / --no-flag, a list takes one or more values. default_none: every default is
-    None (for overrides of a preset)."""
+    """One --flag per field of the dataclass `cls`, typed as the field: a bool is --flag / --no-flag, a list takes
+    one or more values. default_none: every default is None (overrides of a preset; None: not given)."""
     for f in fields(cls):
         default = None if default_none else f.default_factory() if f.default_factory is not MISSING else f.default
-        kind, extra = f.type, {}
-        if kind is bool:
-            extra["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(kind) is list:
-            extra.update(nargs="+", type=typing.get_args(kind)[0])
-        else:
-            extra["type"] = kind
-        shown = "" if default_none or default in (None, "", []) or kind is bool else f" (default: {default})"
-        text = (f.metadata["help"] + shown).replace("%", "%%")  # (argparse formats help with %)
-        parser.add_argument("--" + f.name.replace("_", "-"), default=default, help=text, **extra)
+        kind = ({"action": argparse.BooleanOptionalAction} if f.type is bool else
+                {"nargs": "+", "type": typing.get_args(f.type)[0]} if typing.get_origin(f.type) is list else
+                {"type": f.type})
+        shown = "" if default_none or default in (None, "", []) or f.type is bool else f" (default: {default})"
+        parser.add_argument("--" + f.name.replace("_", "-"), default=default,
+                            help=(f.metadata["help"] + shown).replace("%", "%%"), **kind)  # (help is %-formatted)
 
 
 def parse_flags(parser, argv=None):
-    """parser.parse_args, with the closest known flag suggested for a mistyped one, and a flag given twice
-    refused (argparse would keep the last: `--eval a.tsv --eval b.tsv` would evaluate b.tsv alone)."""
-    given = [a.split("=")[0].replace("--no-", "--") for a in (sys.argv[1:] if argv is None else argv)
-             if str(a).startswith("--")]  # (--compile and --no-compile are one flag)
+    """{field: value}; a flag given twice is refused (argparse keeps the last: `--eval a --eval b` would evaluate b)."""
+    argv = sys.argv[1:] if argv is None else argv
+    given = [a.split("=")[0].replace("--no-", "--") for a in argv if str(a).startswith("--")]
     if repeated := next((a for a in given if given.count(a) > 1), None):
         parser.error(f"{repeated} is given twice; give each flag once (a list takes its values at once: A B)")
-    args, unknown = parser.parse_known_args(argv)
-    if unknown:
-        parsers = [parser] + [p for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-                              for name, p in action.choices.items() if name == getattr(args, action.dest)]
-        known = [option for p in parsers for action in p._actions for option in action.option_strings]
-        close = difflib.get_close_matches(unknown[0].split("=")[0], known, n=1)
-        parser.error(f"unrecognized argument {unknown[0]}" + (f"; did you mean {close[0]}?" if close else ""))
-    return args
+    return vars(parser.parse_args(argv))
 
 
 def build(parser, cls, values):
-    """cls from the values of its fields' flags (a dict); a value it refuses is a command-line error."""
+    """cls from the values of its fields' flags; a value it refuses (its __post_init__ says why) is an error."""
     try:
         return cls(**{f.name: values[f.name] for f in fields(cls)})
-    except ValueError as e:  # the dataclass's __post_init__ says which flag and why
+    except ValueError as e:
         parser.error(str(e))
 
 
@@ -204,19 +184,22 @@ def parse_command_line(doc, commands, argv=None):
     """The whole command line of a script: `commands` is a dataclass, or {name: dataclass} for a script
     whose first word picks one (python evaluate.py score --task ...). Returns (name or None, instance)."""
     parser = ArgumentParser(description=doc)
-    if not isinstance(commands, dict):
+    if isinstance(commands, dict):
+        words = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+        for name, cls in commands.items():
+            add_flags(words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__), cls)
+    else:
         add_flags(parser, commands)
-        return None, build(parser, commands, vars(parse_flags(parser, argv)))
-    words = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    for name, cls in commands.items():
-        add_flags(words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__), cls)
-    args = parse_flags(parser, argv)
-    return args.command, build(words.choices[args.command], commands[args.command], vars(args))
+    values = parse_flags(parser, argv)
+    name = values.get("command")
+    return name, build(parser, commands[name] if name else commands, values)
 
 
 def run_script(main):
     """Run a script's main(): a user's mistake (bad data, a missing file, a setting that cannot work) ends it
     with one line and exit code 2, not a traceback."""
+    for stream in (sys.stdout, sys.stderr):  # a path or text the terminal's encoding cannot show: escaped
+        stream.reconfigure(errors="backslashreplace")
     try:
         main()
     except (DataError, OSError, FloatingPointError) as e:
@@ -225,9 +208,10 @@ def run_script(main):
     except KeyboardInterrupt:  # Ctrl-C: checkpoints, results and predictions are written whole or not at all
         print(f"{sys.argv[0]}: interrupted", file=sys.stderr)
         sys.exit(130)
-    except RuntimeError as e:  # out of memory: torch.OutOfMemoryError on a GPU, a plain RuntimeError on CPU and XLA
+    except RuntimeError as e:  # out of memory: on CPU and XLA a plain RuntimeError, known only by its text
         said = str(e)
-        if not any(s in said.lower() for s in ("out of memory", "can't allocate memory", "resource_exhausted")):
+        if not (isinstance(e, torch.OutOfMemoryError) or any(
+                s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted"))):
             raise
         print(f"{sys.argv[0]}: error: out of memory ({said.splitlines()[0]}); a smaller model, "
               f"--batch-size or --seq-len needs less", file=sys.stderr)
@@ -235,7 +219,7 @@ def run_script(main):
 
 
 def main(argv=None):
-    ArgumentParser(description=__doc__).parse_args(argv)  # no flags: --help, or one line naming an unknown argument
+    parse_flags(ArgumentParser(description=__doc__), argv)  # no flags: --help, or one line naming an unknown argument
     print(f"{'config':<16} {'L':>3} {'+L':>3} {'H':>5} {'E_in':>5} {'E_out':>5} {'tied':>5} {'vocab':>8} "
           f"{'PT':>9} {'FT':>9} {'paper PT':>9} {'paper FT':>9}")
     for name, config in CONFIGS.items():

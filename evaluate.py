@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import data
 from configs import (DEVICE, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of, parse_command_line,
@@ -297,12 +296,10 @@ def mlm_accuracy(model, batches, device="cpu"):
     with torch.no_grad():
         for batch in batches:
             batch = {k: v.to(device) for k, v in batch.items()}
-            logits, _ = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                              batch["masked_positions"])  # (B, P, V)
-            ids, weights = batch["masked_ids"].flatten(), batch["masked_weights"].flatten().double()
-            loss = F.cross_entropy(logits.flatten(0, 1).float(), ids, reduction="none")
-            correct = (logits.argmax(-1).flatten() == ids).double()
-            totals += torch.stack([(correct * weights).sum(), (loss * weights).sum(), weights.sum()])
+            logits, loss = model(**batch)  # (B, P, V), the mean cross-entropy of the batch's predictions
+            weights = batch["masked_weights"].double()
+            correct = ((logits.argmax(-1) == batch["masked_ids"]).double() * weights).sum()
+            totals += torch.stack([correct, loss.double() * weights.sum(), weights.sum()])
     correct, loss, count = totals.tolist()  # the one host sync, after the loop
     if count == 0:
         raise DataError("no masked positions to score")

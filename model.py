@@ -83,8 +83,10 @@ class SelfAttention(nn.Module):
         B, T, H = x.shape
         q, k, v = (f(x).view(B, T, self.num_heads, H // self.num_heads).transpose(1, 2)  # (B, heads, T, head_dim)
                    for f in (self.query, self.key, self.value))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=None if mask is None else mask.to(q.dtype),
-                                           dropout_p=self.dropout if self.training else 0.0)
+        # Padding gets the compute dtype's most negative number (bf16's under autocast), not -inf: a row that is all
+        # padding (a padded evaluation batch) then stays finite.
+        bias = None if mask is None else torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask, torch.finfo(q.dtype).min)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, H))
 
 
@@ -103,12 +105,9 @@ class Layer(nn.Module):
         return self.output_norm(x + self.dropout(self.output(F.gelu(self.intermediate(x)))))
 
 
-def attention_bias(attention_mask):
-    """(B, T) padding mask (non-zero: a token, as transformers reads it) -> additive bias (B, 1, 1, T). A large
-    negative number rather than -inf keeps an all-padding row (a padded evaluation batch) finite instead of NaN."""
-    if attention_mask is None:
-        return None
-    return attention_mask[:, None, None, :].logical_not().float() * torch.finfo(torch.float32).min
+def padding_mask(attention_mask):
+    """(B, T) attention mask (non-zero: a token, as transformers reads it) -> (B, 1, 1, T), True at padding."""
+    return None if attention_mask is None else (attention_mask == 0)[:, None, None, :]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -152,7 +151,7 @@ class Encoder(nn.Module):
         and the last layer's output, each (B, T, H)."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
-        mask = attention_bias(attention_mask)
+        mask = padding_mask(attention_mask)
         x = self.embedding_projection(self.embeddings(input_ids, token_type_ids))  # (B, T, H)
         hidden_states = [x]
         for layer in self.layers:
@@ -206,7 +205,7 @@ class MaskedLM(nn.Module):
         """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None; with `masked_ids`
         (B, P), the loss: the mean cross-entropy weighted by `masked_weights` (0: padding), or else by ids != -100."""
         x = self.encoder(input_ids, token_type_ids, attention_mask)
-        mask = attention_bias(attention_mask)
+        mask = padding_mask(attention_mask)
         for layer in self.pretraining_layers:
             x = layer(x, mask)
         if masked_positions is not None:  # google-research/bert's gather_indexes: (B, T, H) -> (B, P, H)

@@ -41,7 +41,6 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from configs import (CONFIGS, DEVICE, GIVEN, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags,
                      flag, one_of, parse_flags, resolve_device, run_script)
@@ -97,7 +96,7 @@ def parse_args(argv=None):
     add_flags(parser.add_argument_group("training"), TrainConfig)
     add_flags(parser.add_argument_group("model: ModelConfig fields (default: the --config's)"), ModelConfig,
               default_none=True)
-    args = vars(parse_flags(parser, argv))
+    args = parse_flags(parser, argv)
     cfg = build(parser, TrainConfig, args)
     changes = {name: value for name, value in args.items() if value is not None}  # the model's: None if not given
     model_config = build(parser, ModelConfig, asdict(CONFIGS[cfg.config]) | changes)
@@ -370,12 +369,11 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
         no_sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
         with no_sync:
             with runtime.autocast():
-                logits, _ = model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"],
-                                  batch["masked_positions"])  # (B, P, V)
-            ids, weights = batch["masked_ids"].flatten(), batch["masked_weights"].flatten().float()
-            loss_sum = (F.cross_entropy(logits.flatten(0, 1).float(), ids, reduction="none") * weights).sum()
+                logits, loss = model(**batch)  # (B, P, V); the mean cross-entropy of this micro-batch's predictions
+            weights = batch["masked_weights"]
+            loss_sum = loss * weights.sum()
             (loss_sum * runtime.world_size / count).backward()
-        correct = ((logits.detach().argmax(-1).flatten() == ids).float() * weights).sum()
+        correct = ((logits.detach().argmax(-1) == batch["masked_ids"]).float() * weights).sum()
         stats += torch.stack([loss_sum.detach(), correct, weights.sum()])
     runtime.optimizer_step(optimizer, max_grad_norm)
     optimizer.zero_grad(set_to_none=True)

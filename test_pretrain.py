@@ -96,7 +96,7 @@ def test_overrides_are_typed_and_checked(capsys):
     assert model_config.dropout == 0.0 and model_config.tie_embeddings is False
     assert train_config.lr == 2e-4 and train_config.resume is True
     for argv, message in [
-        (["--hiden-size", "64"], "unrecognized argument --hiden-size; did you mean --hidden-size?"),
+        (["--hiden-size", "64"], "unrecognized arguments: --hiden-size 64"),
         (["--hidden-size", "big"], "argument --hidden-size: invalid int value: 'big'"),
         (["--config", "huge"], "--config must be one of"),
         (["--hidden-size", "100", "--num-heads", "3"], "hidden_size 100 is not divisible by num_heads 3"),
@@ -144,12 +144,19 @@ def test_ctrl_c_is_one_line():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
-def test_a_device_that_is_not_there_is_one_line_and_exit_2():
-    for device, message in (("cuda", "--device cuda, but torch sees no CUDA GPU"),
-                            ("xla", "--device xla needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0")):
-        out = subprocess.run([sys.executable, "pretrain.py", "--device", device], cwd=REPO, capture_output=True,
-                             text=True)
+def test_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
+    xla = "needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0"
+    for script, device, env, message in (("pretrain.py", "cuda", {}, "--device cuda, but torch sees no CUDA GPU"),
+                                         ("pretrain.py", "xla", {}, xla), ("finetune.py", "xla", {}, xla),
+                                         # auto on a machine set up for TPUs (PJRT_DEVICE) without torch-xla
+                                         ("pretrain.py", "auto", {"PJRT_DEVICE": "TPU"}, xla),
+                                         ("finetune.py", "auto", {"PJRT_DEVICE": "TPU"}, xla)):
+        flags = ["--task", "xnli", "--config", "tiny", "--tokenizer", "t.model", "--train", "x", "--eval", "y"]
+        out = subprocess.run([sys.executable, script, "--device", device, "--out-dir", str(tmp_path / "out"),
+                              *flags * (script == "finetune.py")], cwd=REPO, capture_output=True, text=True,
+                             env={**os.environ, **env})
         assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+        assert not (tmp_path / "out").exists()  # refused before the run claimed its --out-dir
 
 
 def test_a_model_too_large_for_memory_is_one_line_and_exit_2(tokenizer, tmp_path):
@@ -297,6 +304,11 @@ def test_checkpoints_resuming_passed_over_are_set_aside_not_kept_instead_of_good
 def test_fewer_predictions_than_bert_masks_are_said(tokenizer, tmp_path, capsys):
     run(tokenizer, tmp_path, "--seq-len", "64", "--steps", "2")  # 5 predictions: 7.8%, not 15% of 64 (10)
     assert "note: --max-predictions 5 masks 7.8% of --seq-len 64, not BERT's 15% (10 pieces)" in capsys.readouterr().out
+
+
+def test_a_terminal_that_cannot_show_a_path_gets_it_escaped(tokenizer, tmp_path):
+    out = run_script(tokenizer, tmp_path / "données", "--steps", "2", env={**os.environ, "PYTHONIOENCODING": "ascii"})
+    assert "donn\\xe9es" in out and "done: 2 steps" in out
 
 
 def test_a_run_resumed_on_another_kind_of_device_goes_on_and_says_so():
