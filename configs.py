@@ -102,8 +102,8 @@ def resolve_device(device):
     if device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda, but torch sees no CUDA GPU (a CPU-only build of torch, or no driver?)")
     if device == "xla" and importlib.util.find_spec("torch_xla") is None:
-        raise ValueError("--device xla (or auto with PJRT_DEVICE set) needs torch-xla: pip install torch==2.9.0 "
-                         "torch-xla==2.9.0 (PJRT_DEVICE=TPU on a TPU VM, CPU to try it), or pass --device cpu")
+        raise ValueError("--device xla needs torch-xla (auto is xla where PJRT_DEVICE is set): pip install "
+                         "torch==2.9.0 torch-xla==2.9.0 (PJRT_DEVICE=TPU on a TPU VM, CPU to try it), or --device cpu")
     return device
 
 

@@ -6,12 +6,13 @@ Masked-LM stream: MLMLoader yields batches forever (input_ids, token_type_ids, a
 masked_positions, masked_ids, masked_weights (B, P)), with an exact state_dict() / load_state_dict().
 Its data: a file, a directory of *.txt or a list of them; UTF-8 text, one sentence
 per line, a blank line between documents; a file's language is its name up to the first dot (en.2.txt).
-  * Streams. Slot b of the global batch (rank * batch_size + b) of DataLoader worker w is stream
-    s = w * global_batch + rank * batch_size + b, one of S = max(num_workers, 1) * global_batch, and reads
-    the lines that start in bytes [s/S, (s+1)/S) of every file: the (rank, worker) pairs read disjoint
-    shares whose union is the corpus, and the global batch does not depend on how processes split it.
-  * Languages. Each row is one language, drawn with p_l ∝ n_l^alpha (n_l: its lines, counted once and
-    kept in an index file beside the corpus). A share used up repeats, reshuffled: alpha < 1 upsamples.
+  * Streams. Row b of micro-batch a of process `rank`, made by DataLoader worker w, is stream
+    s = w * G + (a * world_size + rank) * batch_size + b, one of S = max(num_workers, 1) * G, where G =
+    batch_size * grad_accum * world_size is the global batch; it reads the lines that start in bytes
+    [s/S, (s+1)/S) of every file. The streams read disjoint shares whose union is the corpus, and a step does
+    not depend on how processes and accumulation split the global batch: a run resumes on any such split.
+  * Languages. Each row is one language, drawn with p_l ∝ n_l^alpha (n_l: its lines, counted at the start
+    with each file's SHA-256). A share used up repeats, reshuffled: alpha < 1 upsamples.
   * Shuffling, bounded: a share's chunks of `shuffle_bytes` in a random order each pass, a chunk's
     documents in a random order, their lines in order.
   * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across lines and documents
@@ -50,8 +51,8 @@ if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 LABEL_ALIASES = {"contradictory": "contradiction"}  # XNLI-MT's translated MultiNLI train files
-INDEX = ".rembert-index-2.json"  # line counts of a directory's corpus files (2: as count_lines checks them now)
 NEWLINE = b"\n"
+MAX_LINE = 8192  # characters: a longer corpus line is read as several (see in_parts)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -84,12 +85,15 @@ def corpus_files(data):
 
 
 def count_lines(path):
-    """A corpus file's non-blank lines, in one streaming pass that also checks it: text (UTF-8, no NUL
+    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that also checks it: text (UTF-8, no NUL
     byte) with at least one non-blank line. A bad byte is reported with its line number."""
     lines = blank = size = 0
+    digest = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 24):
-            chunk = (chunk + f.readline()).removeprefix(b"\xef\xbb\xbf" * (size == 0))  # whole lines; no BOM
+            chunk += f.readline()  # whole lines
+            digest.update(chunk)
+            chunk = chunk.removeprefix(b"\xef\xbb\xbf" * (size == 0))  # (no BOM)
             try:
                 chunk.decode("utf-8")
             except UnicodeDecodeError as e:
@@ -107,40 +111,14 @@ def count_lines(path):
         raise DataError(f"{path}: empty file")
     if lines == blank:
         raise DataError(f"{path}: only blank lines")
-    return lines - blank
+    return lines - blank, digest.hexdigest()
 
 
 def line_counts(paths):
-    """{path: non-blank lines}. The counts are kept in an index file beside the files (INDEX, by
-    name, size, modification and change time: an edit changes one), so a corpus is read in full once, not at every
-    start and not in every process of a job (pretrain.py counts in one process first)."""
-    counts, todo, indexes = {}, [], {}  # indexes: directory -> {file name: [size, mtime, ctime, lines]}
-    for path in paths:
-        directory, name = os.path.split(os.path.abspath(path))
-        if directory not in indexes:
-            try:
-                with open(os.path.join(directory, INDEX)) as f:
-                    indexes[directory] = dict(json.load(f))
-            except (OSError, ValueError, TypeError):  # missing, or damaged: counted again
-                indexes[directory] = {}
-        stat, entry = os.stat(path), indexes[directory].get(name)
-        key = [stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns]
-        if isinstance(entry, list) and len(entry) == 4 and entry[:3] == key and type(entry[3]) is int and entry[3] > 0:
-            counts[path] = entry[3]
-        else:
-            todo.append((directory, path, key))
-    with ProcessPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:  # (no process when none to do)
-        for (directory, path, key), n in zip(todo, pool.map(count_lines, [path for _, path, _ in todo])):
-            counts[path] = n
-            indexes[directory][os.path.basename(path)] = key + [n]
-    for directory in {d for d, _, _ in todo}:
-        try:  # a read-only corpus directory (read-only by its mode bits, even to root) is counted again next time
-            if not os.stat(directory).st_mode & 0o222:
-                raise PermissionError(directory)
-            write_json(os.path.join(directory, INDEX), indexes[directory])
-        except OSError:
-            warnings.warn(f"{directory}: cannot write {INDEX}; its files will be counted again at the next start")
-    return counts
+    """{path: (non-blank lines, SHA-256)}, the files read in parallel. The lines weigh the languages; the digests
+    let a resumed run check that its corpus is the one it streamed (an edit that keeps size and lines too)."""
+    with ProcessPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        return dict(zip(paths, pool.map(count_lines, paths)))
 
 
 def write_json(path, obj):
@@ -151,11 +129,15 @@ def write_json(path, obj):
     os.replace(tmp, path)
 
 
-def read_chunk(path, start, stop):
-    """The lines of a file that start in bytes [start, stop), as documents (lists of lines, split at blank
-    lines; a document crossing `start` or `stop` is cut there). Every line belongs to exactly one range of a
-    partition of [0, size), so byte ranges shard a file with no line lost or repeated."""
+def read_chunk(path, start, stop, size):
+    """The lines of a file of `size` bytes that start in bytes [start, stop), as documents (lists of lines, split at
+    blank lines; a document crossing `start` or `stop` is cut there; a line longer than MAX_LINE characters is read as
+    several). Every line belongs to exactly one range of a partition of [0, size), so byte ranges shard a file with
+    no line lost or repeated."""
     with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size != size:  # the shares, the languages' weights, the saved state: all its old size
+            raise DataError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} when this run counted its lines: "
+                            f"changed while it was read; restore it, or start a new run")
         if start > 0:
             f.seek(start - 1)
             f.readline()  # the line holding byte start - 1 belongs to the range before
@@ -171,7 +153,13 @@ def read_chunk(path, start, stop):
         raise DataError(f"{path}: byte {begin + e.start}: not UTF-8 (changed since its lines were counted?)") from None
     blocks = re.split(r"\n[ \t\r\f\v]*\n[ \t\r\f\v\n]*", "\n" + text)  # at runs of blank lines
     blocks = [block.strip(" \t\n\r\f\v") for block in blocks]  # ASCII blanks, as count_lines counts them
-    return [block.split("\n") for block in blocks if block]
+    return [[part for line in block.split("\n") for part in in_parts(line)] for block in blocks if block]
+
+
+def in_parts(line, most=MAX_LINE):
+    """The line cut every `most` characters: a line of megabytes would be tokenized whole (and again whenever its
+    stream comes back to it), and SentencePiece's trainer skips lines over 64 KiB without a word."""
+    return [line[i:i + most] for i in range(0, len(line), most)]
 
 
 def sampling_probabilities(counts, alpha):
@@ -280,7 +268,7 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     rest cannot hold every character of the sample, only the most frequent ones get pieces of their own."""
     langs = corpus_files(files)
     lines = line_counts([p for paths in langs.values() for p in paths])
-    counts = {lang: sum(lines[p] for p in paths) for lang, paths in langs.items()}
+    counts = {lang: sum(lines[p][0] for p in paths) for lang, paths in langs.items()}
     total = min(max_sentences, sum(counts.values()))
     rng = random.Random(seed)
     chars = collections.Counter()
@@ -294,14 +282,14 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
                 for path in paths:
                     with open(path, encoding="utf-8-sig") as f:
                         for line in filter(None, (line.strip() for line in f)):
-                            out.write(_in_parts(line) * repeats)
+                            out.write(as_lines(line) * repeats)
                             chars.update(line * repeats)
                             seen += 1
                             if len(reservoir) < rest:
                                 reservoir.append(line)
                             elif (j := rng.randrange(seen)) < rest:
                                 reservoir[j] = line
-                out.writelines(map(_in_parts, reservoir))
+                out.writelines(map(as_lines, reservoir))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
         if room < 1:
@@ -323,9 +311,8 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     return f"{model_prefix}.model"
 
 
-def _in_parts(line, most=8192):
-    """The line, cut into lines of `most` characters (SentencePiece skips one over 64 KiB without a word)."""
-    return "".join(line[i:i + most] + "\n" for i in range(0, len(line), most))
+def as_lines(line):
+    return "".join(part + "\n" for part in in_parts(line))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,7 +379,8 @@ class _Stream:
         parts, _ = self.share(lang, borrow)
         k, step = int(self.chunk_order(lang, borrow, pass_)[chunk]), self.corpus.shuffle_bytes
         path, first, end, before = next(part for part in reversed(parts) if part[3] <= k)
-        docs = read_chunk(path, first + (k - before) * step, min(first + (k - before + 1) * step, end))
+        docs = read_chunk(path, first + (k - before) * step, min(first + (k - before + 1) * step, end),
+                          self.corpus.sizes[path])
         return [docs[i] for i in self._shuffled(len(docs), lang, borrow, pass_, chunk)]
 
     def _take(self, lang, n):
@@ -438,24 +426,27 @@ class _Stream:
         return ids, rng
 
 
-def _worker_batches(corpus, tokenizer, settings, worker, state):
-    """The batches of one (rank, worker), forever, as (batch, its state after the batch, worker)."""
-    batch_size, seq_len, max_predictions, rank, world_size = settings
-    streams = [_Stream(corpus, worker * batch_size * world_size + rank * batch_size + b, tokenizer,
-                       state["readers"][b], state["seq"][b:b + 1]) for b in range(batch_size)]
+def _worker_steps(corpus, tokenizer, settings, worker, state):
+    """The steps of one (rank, worker), forever, as (its grad_accum batches, its state after them, worker)."""
+    batch_size, grad_accum, seq_len, max_predictions = settings
+    streams = [_Stream(corpus, int(stream), tokenizer, state["readers"][j], state["seq"][j:j + 1])
+               for j, stream in enumerate(state["ids"])]
     while True:
-        input_ids = np.empty((batch_size, seq_len), dtype=np.int64)
-        positions, masked_ids = np.zeros((2, batch_size, max_predictions), dtype=np.int64)
-        weights = np.zeros((batch_size, max_predictions), dtype=np.float32)
-        for b, stream in enumerate(streams):
-            ids, rng = stream.next_row(seq_len - 2)
-            input_ids[b], pos, original = mask_tokens([tokenizer.cls_id, *ids, tokenizer.sep_id], rng, tokenizer,
-                                                      max_predictions)
-            positions[b, :len(pos)], masked_ids[b, :len(pos)], weights[b, :len(pos)] = pos, original, 1.0
-        batch = {"input_ids": input_ids, "token_type_ids": np.zeros_like(input_ids),
-                 "attention_mask": np.ones_like(input_ids), "masked_positions": positions, "masked_ids": masked_ids,
-                 "masked_weights": weights}
-        yield {k: torch.from_numpy(v) for k, v in batch.items()}, {k: v.copy() for k, v in state.items()}, worker
+        batches = []
+        for step_streams in (streams[a * batch_size:(a + 1) * batch_size] for a in range(grad_accum)):
+            input_ids = np.empty((batch_size, seq_len), dtype=np.int64)
+            positions, masked_ids = np.zeros((2, batch_size, max_predictions), dtype=np.int64)
+            weights = np.zeros((batch_size, max_predictions), dtype=np.float32)
+            for b, stream in enumerate(step_streams):
+                ids, rng = stream.next_row(seq_len - 2)
+                input_ids[b], pos, original = mask_tokens([tokenizer.cls_id, *ids, tokenizer.sep_id], rng, tokenizer,
+                                                          max_predictions)
+                positions[b, :len(pos)], masked_ids[b, :len(pos)], weights[b, :len(pos)] = pos, original, 1.0
+            batch = {"input_ids": input_ids, "token_type_ids": np.zeros_like(input_ids),
+                     "attention_mask": np.ones_like(input_ids), "masked_positions": positions,
+                     "masked_ids": masked_ids, "masked_weights": weights}
+            batches.append({k: torch.from_numpy(v) for k, v in batch.items()})
+        yield batches, {k: v.copy() for k, v in state.items()}, worker
 
 
 class _WorkerStreams(torch.utils.data.IterableDataset):
@@ -466,57 +457,71 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
     def __iter__(self):
         p = getattr(torch.utils.data.get_worker_info(), "id", 0)  # (None in the main process: num_workers=0)
         try:
-            yield from _worker_batches(self.corpus, self.tokenizer, self.settings, self.workers[p], self.states[p])
+            yield from _worker_steps(self.corpus, self.tokenizer, self.settings, self.workers[p], self.states[p])
         except (DataError, OSError) as e:  # as it is: DataLoader would wrap it in the worker's traceback
             yield e, None, None
 
 
 class MLMLoader:
-    """The masked-LM stream of the module docstring. state_dict() after a batch, load_state_dict() before iterating."""
+    """The masked-LM stream of the module docstring: batches of `batch_size` rows, `grad_accum` of them per optimizer
+    step. state_dict() between steps, load_state_dict() before iterating; `counts`: line_counts of the files."""
 
     def __init__(self, data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
-                 world_size=1, num_workers=0, alpha=0.5, shuffle_bytes=1 << 14):
+                 world_size=1, grad_accum=1, num_workers=0, alpha=0.5, shuffle_bytes=1 << 14, counts=None):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        if seq_len < 3 or batch_size < 1 or max_predictions < 1 or num_workers < 0 or seed < 0:
-            raise ValueError("need seq_len >= 3, batch_size >= 1, max_predictions >= 1, num_workers >= 0, seed >= 0")
+        if min(seq_len - 2, batch_size, max_predictions, grad_accum, num_workers + 1, seed + 1) < 1:
+            raise ValueError("need seq_len >= 3, batch_size, max_predictions, grad_accum >= 1, num_workers, seed >= 0")
         self.tokenizer, self.num_workers = tokenizer, num_workers
         langs = sorted(corpus_files(data).items())
-        lines = line_counts([p for _, paths in langs for p in paths])
-        counts = [sum(lines[p] for p in paths) for _, paths in langs]
+        lines = counts or line_counts([p for _, paths in langs for p in paths])
+        lang_lines = [sum(lines[p][0] for p in paths) for _, paths in langs]
         sizes = {p: os.path.getsize(p) for _, paths in langs for p in paths}
-        workers = max(num_workers, 1)
-        self.corpus = _Corpus(langs, counts, sizes, workers * batch_size * world_size, seed, shuffle_bytes, alpha)
-        self.settings = (batch_size, seq_len, max_predictions, rank, world_size)
-        self.probabilities = sampling_probabilities({lang: n for (lang, _), n in zip(langs, counts)}, alpha)
-        # What a saved state must agree with: the files by name, size and lines (not by path: a corpus may move).
-        files = [[lang, os.path.basename(p), sizes[p], lines[p]] for lang, paths in langs for p in paths]
-        self._fingerprint = {"files": files, "seed": seed, "batch_size": batch_size, "seq_len": seq_len,
-                             "max_predictions": max_predictions, "rank": rank, "world_size": world_size,
-                             "num_workers": num_workers, "alpha": alpha, "shuffle_bytes": shuffle_bytes}
+        workers, global_batch = max(num_workers, 1), batch_size * grad_accum * world_size
+        self.corpus = _Corpus(langs, lang_lines, sizes, workers * global_batch, seed, shuffle_bytes, alpha)
+        self.settings = (batch_size, grad_accum, seq_len, max_predictions)
+        self.probabilities = sampling_probabilities({lang: n for (lang, _), n in zip(langs, lang_lines)}, alpha)
+        # What a saved state must agree with: the files by name, size, lines and digest (not by path: a corpus may
+        # move), and the global batch, not how processes and accumulation split it.
+        files = [[lang, os.path.basename(p), sizes[p], *lines[p]] for lang, paths in langs for p in paths]
+        self._fingerprint = {"files": files, "seed": seed, "global_batch": global_batch, "seq_len": seq_len,
+                             "max_predictions": max_predictions, "num_workers": num_workers, "alpha": alpha,
+                             "shuffle_bytes": shuffle_bytes}
+        # Row b of micro-batch a of this rank in worker w's steps reads stream w * G + (a * world_size + rank) * B + b.
         self._state = {"next_worker": 0, "workers": [
-            {"seq": np.zeros(batch_size, dtype=np.int64), "readers": np.zeros((batch_size, len(langs)), dtype=READER)}
-            for _ in range(workers)]}
+            {"ids": np.array([w * global_batch + (a * world_size + rank) * batch_size + b for a in range(grad_accum)
+                              for b in range(batch_size)]),
+             "seq": np.zeros(batch_size * grad_accum, dtype=np.int64),
+             "readers": np.zeros((batch_size * grad_accum, len(langs)), dtype=READER)} for w in range(workers)]}
 
     def state_dict(self):
+        """This process's streams, where they are."""
+        workers = self._state["workers"]
         return {"fingerprint": self._fingerprint, "next_worker": self._state["next_worker"],
-                "workers": [{"seq": torch.tensor(w["seq"]),
-                             "readers": torch.tensor(w["readers"].view(np.int64).reshape(len(w["seq"]), -1))}
-                            for w in self._state["workers"]]}
+                "streams": {"ids": torch.tensor(np.concatenate([w["ids"] for w in workers])),
+                            "seq": torch.tensor(np.concatenate([w["seq"] for w in workers])),
+                            "readers": torch.tensor(np.concatenate([w["readers"] for w in workers]).view(np.int64))}}
 
-    def load_state_dict(self, state):
-        saved = state.get("fingerprint", {})
+    def load_state_dict(self, states):
+        """A state_dict(), or the list of every process's: then any split of the same global batch over processes
+        and accumulation continues it exactly (every stream goes on where it was)."""
+        states = [states] if isinstance(states, dict) else states
+        saved = states[0].get("fingerprint", {})
         differ = [f"{key} {saved.get(key)!r} then, {value!r} now" for key, value in self._fingerprint.items()
                   if key != "files" and saved.get(key) != value]
-        files = [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"])
-                 if a != (b or [])[:len(a or [])]]  # (a state saved before line counts were kept: the rest)
-        if files:
-            differ.append(f"the corpus files (language, name, size, lines) {files[0][0]} then, {files[0][1]} now")
+        if files := [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"])
+                     if a != b]:
+            differ.append(f"the corpus files (language, name, size, lines, SHA-256) {files[0][0]} then, "
+                          f"{files[0][1]} now")
         if differ:
             raise DataError(f"the saved data-loader state was made with other data or settings: {'; '.join(differ)}")
-        self._state = {"next_worker": state["next_worker"], "workers": [
-            {"seq": w["seq"].numpy().copy(), "readers": w["readers"].numpy().copy().view(READER)}
-            for w in state["workers"]]}
+        where = {int(i): (state["streams"], j) for state in states for j, i in enumerate(state["streams"]["ids"])}
+        for w in self._state["workers"]:
+            if missing := [i for i in w["ids"] if i not in where]:
+                raise DataError(f"the saved data-loader state has no stream {missing[0]} (not every process's state?)")
+            w["seq"] = np.array([int(where[i][0]["seq"][where[i][1]]) for i in w["ids"]])
+            w["readers"] = np.stack([where[i][0]["readers"][where[i][1]].numpy() for i in w["ids"]]).view(READER)
+        self._state["next_worker"] = states[0]["next_worker"]
 
     def __iter__(self):
         st = self._state
@@ -525,14 +530,16 @@ class MLMLoader:
         states = [{k: v.copy() for k, v in st["workers"][w].items()} for w in logical]
         # A generator of its own: DataLoader seeds its workers from it (they draw nothing), and torch's
         # global one, dropout's, stays untouched, so a resumed run draws the masks the uninterrupted one does.
-        # collate_fn=tuple passes each (batch, state, worker) on as the worker made it.
-        for batch, worker_state, w in torch.utils.data.DataLoader(
+        # collate_fn=tuple passes each (batches, state, worker) on as the worker made it: a step's batches come
+        # from one worker, so the steps do not depend on how processes and accumulation split the global batch.
+        for batches, worker_state, w in torch.utils.data.DataLoader(
                 _WorkerStreams(self.corpus, self.tokenizer, self.settings, logical, states), batch_size=None,
                 num_workers=self.num_workers, collate_fn=tuple, generator=torch.Generator()):
-            if isinstance(batch, Exception):
-                raise batch
-            st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n
-            yield batch
+            if isinstance(batches, Exception):
+                raise batches
+            yield from batches[:-1]
+            st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n  # (the step is taken with its last batch)
+            yield batches[-1]
 
 
 # ----------------------------------------------------------------------------------------------

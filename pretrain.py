@@ -413,9 +413,8 @@ def train(model_config, cfg):
         log(f"note: --max-predictions {cfg.max_predictions} masks {cfg.max_predictions / cfg.seq_len:.1%} of "
             f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
     tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
-    if runtime.is_main:  # count the corpus's lines in one process; the others read the index it leaves
-        line_counts([p for paths in corpus_files(cfg.data).values() for p in paths])
-    runtime.barrier()
+    files = [p for paths in corpus_files(cfg.data).values() for p in paths]
+    counts = runtime.gather_object(line_counts(files) if runtime.is_main else None)[0]  # the corpus read once
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     raw_model = MaskedLM(model_config)
@@ -426,7 +425,7 @@ def train(model_config, cfg):
     optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
     loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                        max_predictions=cfg.max_predictions, rank=runtime.rank, world_size=runtime.world_size,
-                       num_workers=cfg.num_workers, seed=cfg.seed)
+                       grad_accum=cfg.grad_accum, num_workers=cfg.num_workers, seed=cfg.seed, counts=counts)
     counts = count_parameters(raw_model)
     log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
 

@@ -3,6 +3,8 @@ reachable), the masked-LM stream (masking statistics, alpha sampling, sharding, 
 the line index, bad input) and the XTREME task readers (every shared file reads; bad input is named by file
 and line; CRLF and a byte order mark are read alike)."""
 
+import functools
+import hashlib
 import itertools
 import json
 import os
@@ -282,11 +284,11 @@ def test_documents_by_byte_range_partition_a_file(tmp_path):
     size = path.stat().st_size
     for parts in (1, 3, 7, 50):
         bounds = [size * k // parts for k in range(parts + 1)]
-        docs = [doc for a, b in zip(bounds, bounds[1:]) for doc in data.read_chunk(str(path), a, b)]
+        docs = [doc for a, b in zip(bounds, bounds[1:]) for doc in data.read_chunk(str(path), a, b, size)]
         assert [line.strip() for doc in docs for line in doc] == [f"Satz {i}" for i in range(100)]
         if parts == 1:
             assert [len(doc) for doc in docs] == [4] * 25
-    assert data.line_counts([str(path)]) == {str(path): 100}
+    assert data.line_counts([str(path)]) == {str(path): (100, hashlib.sha256(path.read_bytes()).hexdigest())}
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -316,13 +318,43 @@ def _saved(obj):
     return buffer
 
 
-def test_global_batch_does_not_depend_on_the_number_of_ranks(tokenizer):
-    one = data.MLMLoader(str(REPO / "sample_data"), tokenizer, batch_size=4, seq_len=32, max_predictions=5, seed=6)
-    two = [data.MLMLoader(str(REPO / "sample_data"), tokenizer, batch_size=2, seq_len=32, max_predictions=5, seed=6,
-                          rank=r, world_size=2) for r in (0, 1)]
-    for whole, *halves in itertools.islice(zip(one, *two), 20):
-        for k in whole:
-            assert torch.equal(whole[k], torch.cat([h[k] for h in halves]))
+def test_a_step_does_not_depend_on_how_processes_and_accumulation_split_it(tokenizer):
+    make = functools.partial(data.MLMLoader, str(REPO / "sample_data"), tokenizer, seq_len=32, max_predictions=5,
+                             seed=6)
+    whole = batches_of(make(batch_size=4), 10)
+    two = [batches_of(make(batch_size=2, rank=r, world_size=2), 10) for r in (0, 1)]
+    accumulated = batches_of(make(batch_size=1, grad_accum=2, rank=1, world_size=2), 20)  # rank 1 of 2, 2 x 1 rows
+    for step in range(10):
+        for k in whole[step]:
+            assert torch.equal(whole[step][k], torch.cat([two[0][step][k], two[1][step][k]]))
+            # rows of micro-batch a of rank r: (a * 2 + r) * 1, i.e. rows 1 and 3 of the step
+            assert torch.equal(whole[step][k][[1, 3]], torch.cat([b[k] for b in accumulated[2 * step:2 * step + 2]]))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_saved_by_two_processes_resumes_on_one_and_back(tokenizer, num_workers):
+    make = functools.partial(data.MLMLoader, str(REPO / "sample_data"), tokenizer, seq_len=32, max_predictions=5,
+                             seed=3, num_workers=num_workers, shuffle_bytes=500)
+    straight = batches_of(make(batch_size=4), 12)
+    two = [make(batch_size=2, rank=r, world_size=2) for r in (0, 1)]
+    for loader in two:
+        batches_of(loader, 5)
+    states = [torch.load(_saved(loader.state_dict()), weights_only=True) for loader in two]
+    one = make(batch_size=2, grad_accum=2)  # 2 processes -> 1 with twice the accumulation
+    one.load_state_dict(states)
+    rows = batches_of(one, 8)
+    assert all(torch.equal(torch.cat([rows[2 * i][k], rows[2 * i + 1][k]]), straight[5 + i][k])
+               for i in range(3) for k in straight[0])
+    again = [make(batch_size=2, rank=r, world_size=2) for r in (0, 1)]  # and back to 2 at step 9
+    for loader in again:
+        loader.load_state_dict([one.state_dict()])
+    for step in range(9, 12):
+        halves = [next(iter(loader)) for loader in again]
+        assert all(torch.equal(torch.cat([h[k] for h in halves]), straight[step][k]) for k in straight[0])
+    with pytest.raises(data.DataError, match=r"global_batch 4 then, 2 now"):
+        make(batch_size=2).load_state_dict(states)
+    with pytest.raises(data.DataError, match=r"has no stream 2 \(not every process's state\?\)"):
+        one.load_state_dict(states[:1])
 
 
 def test_a_saved_state_must_fit_the_data_and_settings_but_not_the_path(tokenizer, tmp_path, monkeypatch):
@@ -335,57 +367,67 @@ def test_a_saved_state_must_fit_the_data_and_settings_but_not_the_path(tokenizer
         (moved / path.name).write_bytes(path.read_bytes())
     elsewhere = data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32)  # the same files, another path
     elsewhere.load_state_dict(relative.state_dict())
-    state = relative.state_dict()  # as saved before line counts were kept: [language, name, size] a file
-    elsewhere.load_state_dict({**state, "fingerprint": {**state["fingerprint"], "files": [
-        entry[:3] for entry in state["fingerprint"]["files"]]}})
     other = data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32, seed=1)
     with pytest.raises(data.DataError, match="other data or settings: seed 0 then, 1 now"):
         other.load_state_dict(relative.state_dict())
     (moved / "de.txt").write_text((moved / "de.txt").read_text() + "Noch ein Satz.\n")
     changed = data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32)
-    with pytest.raises(data.DataError, match=r"the corpus files \(language, name, size, lines\) \['de', 'de.txt', "):
+    with pytest.raises(data.DataError, match=r"the corpus files \(language, name, size, lines, SHA-256\) \['de', 'de.txt', "):
         changed.load_state_dict(relative.state_dict())
     # Edited in place to the same size, but two lines where there was one: the languages' shares have changed.
     state = changed.state_dict()
     text = (moved / "fr.txt").read_text()
     (moved / "fr.txt").write_text(text.replace(" ", "\n", 1))
-    with pytest.raises(data.DataError, match=r"the corpus files .* \['fr', 'fr.txt', \d+, \d+\] then"):
+    with pytest.raises(data.DataError, match=r"the corpus files .* \['fr', 'fr.txt', \d+, \d+, '[0-9a-f]{64}'\] then"):
+        data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32).load_state_dict(state)
+    # Edited in place to the same size and lines (and, as `cp -p` leaves it, the same modification time).
+    state = data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32).state_dict()
+    stat = (moved / "fr.txt").stat()
+    (moved / "fr.txt").write_text((moved / "fr.txt").read_text().replace("e", "a", 1))
+    os.utime(moved / "fr.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(data.DataError, match=r"\['fr', 'fr.txt', \d+, \d+, '[0-9a-f]{64}'\] then"):
         data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32).load_state_dict(state)
 
 
-def test_lines_are_counted_once_and_kept_beside_the_corpus(tmp_path, monkeypatch):
+def test_lines_and_digests_are_counted_in_parallel_and_checked(tmp_path):
     write_lines(tmp_path / "en.txt", [f"line {i}" for i in range(30)])
-    write_lines(tmp_path / "fr.txt", [f"ligne {i}" for i in range(12)])
+    write_lines(tmp_path / "fr.txt", [f"ligne {i}" for i in range(12)] + [""])
     paths = [str(tmp_path / "en.txt"), str(tmp_path / "fr.txt")]
-    assert data.line_counts(paths) == {paths[0]: 30, paths[1]: 12}
-    assert (tmp_path / data.INDEX).exists()
-    monkeypatch.setattr(data, "count_lines", lambda path: pytest.fail(f"{path} was read again"))
-    assert data.line_counts(paths) == {paths[0]: 30, paths[1]: 12}  # from the index
-    monkeypatch.undo()
-    write_lines(tmp_path / "fr.txt", [f"ligne {i}" for i in range(13)])  # changed: counted again
-    assert data.line_counts(paths)[paths[1]] == 13
-    # A directory made read-only (by its mode, which root is not stopped by) is counted, and left as it was.
-    read_only = tmp_path / "read-only"
-    read_only.mkdir()
-    write_lines(read_only / "en.txt", ["one", "two"])
-    read_only.chmod(0o555)
-    with pytest.warns(UserWarning, match="cannot write " + re.escape(data.INDEX)):
-        assert data.line_counts([str(read_only / "en.txt")]) == {str(read_only / "en.txt"): 2}
-    assert sorted(p.name for p in read_only.iterdir()) == ["en.txt"]
-    read_only.chmod(0o755)
+    digests = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths]
+    assert data.line_counts(paths) == {paths[0]: (30, digests[0]), paths[1]: (12, digests[1])}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["en.txt", "fr.txt"]  # nothing written beside the corpus
+
+
+def test_a_corpus_file_changed_while_it_is_streamed_is_named(tokenizer, tmp_path):
+    corpus = tmp_path / "en.txt"
+    write_lines(corpus, [f"sentence number {i} of many" for i in range(400)])
+    loader = data.MLMLoader(str(corpus), tokenizer, batch_size=2, seq_len=32, shuffle_bytes=256)
+    batches = iter(loader)
+    next(batches)
+    corpus.write_bytes(corpus.read_bytes()[:3000])  # truncated under the running loader
+    with pytest.raises(data.DataError, match=r"en.txt: 3000 bytes, \d+ when this run counted its lines: changed"):
+        for _ in range(200):
+            next(batches)
+
+
+def test_a_long_line_is_read_in_parts(tmp_path):
+    corpus = tmp_path / "en.txt"
+    corpus.write_text("short\n" + "x" * (2 * data.MAX_LINE + 5) + "\nend\n")
+    size = corpus.stat().st_size
+    assert data.read_chunk(str(corpus), 0, size, size) == [["short", "x" * data.MAX_LINE, "x" * data.MAX_LINE, "xxxxx",
+                                                           "end"]]
 
 
 def test_a_corpus_file_changed_after_counting_is_named_not_decoded_wrongly(tokenizer, tmp_path):
     corpus = tmp_path / "en.txt"
     corpus.write_bytes(b"first line\nsecond line\n")
-    assert data.line_counts([str(corpus)]) == {str(corpus): 2}
+    assert data.line_counts([str(corpus)])[str(corpus)][0] == 2
     stat = corpus.stat()
-    corpus.write_bytes(b"first line\nsecond\xffline\n")  # the same size, and (as `cp -p` leaves it) the same mtime
-    os.utime(corpus, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    with pytest.raises(data.DataError, match=r"en.txt:2: not UTF-8"):  # counted again: the index is not trusted
+    corpus.write_bytes(b"first line\nsecond\xffline\n")  # the same size
+    with pytest.raises(data.DataError, match=r"en.txt:2: not UTF-8"):  # counted again at the next start
         data.MLMLoader(str(corpus), tokenizer)
     with pytest.raises(data.DataError, match=r"en.txt: byte 17: not UTF-8"):  # what a running loader reads
-        data.read_chunk(str(corpus), 0, stat.st_size)
+        data.read_chunk(str(corpus), 0, stat.st_size, stat.st_size)
 
 
 def test_bad_corpus_files_are_named(tokenizer, tmp_path):
@@ -424,25 +466,9 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
     with pytest.raises(TypeError, match=r"not a dict"):  # {language: files} is not a form: the name says it
         data.MLMLoader({"en": [str(good)]}, tokenizer)
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf\nline\n")  # a byte order mark on a blank first line
-    assert data.count_lines(str(tmp_path / "bom.txt")) == 1
+    assert data.count_lines(str(tmp_path / "bom.txt"))[0] == 1
     (tmp_path / "stray.txt").write_bytes(b"one\r\ntw\ro\r\r\nthree")  # a stray carriage return is a blank
-    assert data.count_lines(str(tmp_path / "stray.txt")) == 3
-    # An index written before count_lines refused old Mac files (it counted mac.txt as one line) is not trusted.
-    stat = (tmp_path / "mac.txt").stat()
-    (tmp_path / ".rembert-index.json").write_text(json.dumps({"mac.txt": [stat.st_size, stat.st_mtime_ns,
-                                                                          stat.st_ctime_ns, 1]}))
-    with pytest.raises(data.DataError, match="mac.txt:2: lines that end in a carriage return alone"):
-        data.line_counts([str(tmp_path / "mac.txt")])
-
-
-def test_a_damaged_line_index_is_counted_again(tmp_path):
-    corpus = tmp_path / "en.txt"
-    corpus.write_text("one\ntwo\n\nthree\n")
-    key = [corpus.stat().st_size, corpus.stat().st_mtime_ns, corpus.stat().st_ctime_ns]
-    for index in ([1], {"en.txt": 5}, {"en.txt": key}, {"en.txt": key + [0]}, {"en.txt": key + [-5]},
-                  {"en.txt": key + [1.5]}, {"en.txt": key + ["x"]}):
-        (tmp_path / data.INDEX).write_text(json.dumps(index))
-        assert data.line_counts([str(corpus)]) == {str(corpus): 3}
+    assert data.count_lines(str(tmp_path / "stray.txt"))[0] == 3
 
 
 def test_a_corpus_sentencepiece_cannot_read_is_named(tmp_path):
@@ -481,7 +507,7 @@ def test_every_shared_classification_and_tagging_file_reads():
     assert any('"' in e.sentence1 for e in fr)
     ko = data.read_pairs(str(SHARED / "pawsx" / "dev-ko.tsv"))  # U+001C inside line 824 is not a line break
     assert "\x1c" in ko[823].sentence1 + ko[823].sentence2
-    tagged = sorted((SHARED / "ner").glob("**/*-*"))
+    tagged = sorted(p for p in (SHARED / "ner").glob("**/*-*") if p.is_file())
     for path in tagged:
         examples = data.read_tagging(str(path), TAGGING_LABELS["panx"], labelled=True)
         assert examples and all(len(e.tokens) == len(e.labels) for e in examples), path

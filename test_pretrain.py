@@ -145,7 +145,7 @@ def test_ctrl_c_is_one_line():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
 def test_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
-    xla = "needs torch-xla: pip install torch==2.9.0 torch-xla==2.9.0"
+    xla = "--device xla needs torch-xla (auto is xla where PJRT_DEVICE is set): pip install torch==2.9.0"
     for script, device, env, message in (("pretrain.py", "cuda", {}, "--device cuda, but torch sees no CUDA GPU"),
                                          ("pretrain.py", "xla", {}, xla), ("finetune.py", "xla", {}, xla),
                                          # auto on a machine set up for TPUs (PJRT_DEVICE) without torch-xla
