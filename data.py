@@ -571,6 +571,11 @@ class SquadExample:
     article: int  # index of the article in its file
     source: str
 
+    @property
+    def answered(self):
+        """Whether it has gold answers and none is blank (which an empty prediction would match)."""
+        return bool(self.answers) and all(a["text"].strip() for a in self.answers)
+
 
 def read_text(path):
     """A whole task file (they are small) as text, "\\r\\n" as "\\n"; a non-UTF-8 byte names its line."""
@@ -628,6 +633,8 @@ def read_pairs(path, labels=None, labelled=False):
             expected = "the header's" if columns else "sentence1<TAB>sentence2" + "<TAB>label" * (width == 3)
             raise DataError(f"{where}: {len(row)} tab-separated fields; expected {width}: {expected}")
         row = [None if i is None else row[i] for i in columns] if columns else row + [None] * (4 - len(row))
+        if not (row[0].strip() and row[1].strip()):
+            raise DataError(f"{where}: a blank sentence{'1' if not row[0].strip() else '2'}; a pair needs two sentences")
         label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])
         if labels is not None and label is not None:
             check_label(label, labels, where)

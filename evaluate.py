@@ -274,9 +274,9 @@ def score_files(task, gold_path, predictions_path, lang=None):
     if task == "mlqa":
         check_mlqa_language(lang, gold_path, "--lang")
     gold = data.read_squad(gold_path, check_answers=False)  # the official scripts read only the answers' text
-    unanswerable = [e.id for e in gold if not any(a["text"] for a in e.answers)]  # "": answers removed
-    if unanswerable:
-        raise DataError(f"{gold_path}: question {unanswerable[0]!r} has no gold answer to score against")
+    if unanswerable := [e.id for e in gold if not e.answered]:
+        raise DataError(f"{gold_path}: question {unanswerable[0]!r} has no gold answer to score against, or a blank "
+                        f"one, which an empty prediction would match (answers removed, as in XTREME's test files?)")
     predictions = read_json(predictions_path)
     if not isinstance(predictions, dict) or not all(isinstance(v, str) for v in predictions.values()):
         raise DataError(f"{predictions_path}: expected a JSON object {{question id: answer text}}")

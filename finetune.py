@@ -23,6 +23,7 @@ over --seeds of the rate with the best average of the task's first metric, as th
 
 import copy
 import glob
+import hashlib
 import json
 import math
 import os
@@ -336,7 +337,12 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
     info["sha256"] = {n: data.sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model",
                                                                        "config.json")}
+    info["sha256"]["finetune.json"] = settings_digest(info)  # its own settings
     data.write_json(os.path.join(path, "finetune.json"), info)
+
+
+def settings_digest(info):
+    return hashlib.sha256(json.dumps([info[k] for k in ("task", *SETTINGS)]).encode()).hexdigest()
 
 
 def load_finetuned(path):
@@ -350,11 +356,10 @@ def load_finetuned(path):
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e!r})") from None
     for name, digest in digests.items():
-        if data.sha256(os.path.join(path, name)) != digest:
-            raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 differs from the one saved with it)")
+        found = settings_digest(info) if name == "finetune.json" else data.sha256(os.path.join(path, name))
+        if found != digest:
+            raise DataError(f"{os.path.join(path, name)}: damaged or edited (its SHA-256 is not the one saved with it)")
     model = build_model(task, Encoder.from_hf(path), dropout=0.0)
-    if info["seq_len"] > model.encoder.config.max_position_embeddings:
-        raise DataError(f"{path}/finetune.json: seq_len {info['seq_len']} exceeds the model's positions")
     head = "qa_outputs" if task.kind == "qa" else "classifier"
     state = load_file(os.path.join(path, "model.safetensors"))
     try:
@@ -370,9 +375,8 @@ def load_finetuned(path):
 def read_examples(task, path, labelled=True):
     if task.kind == "qa":
         examples = data.read_squad(path)
-        unanswered = [e.source for e in examples if not any(a["text"] for a in e.answers)]  # "" answers nothing
-        if labelled and unanswered:
-            raise DataError(f"{unanswered[0]}: no answer to train or evaluate on")
+        if labelled and (unanswered := [e.source for e in examples if not e.answered]):
+            raise DataError(f"{unanswered[0]}: no answer to train or evaluate on, or a blank one")
         return examples
     if task.kind == "classification":
         return data.read_pairs(path, task.labels, labelled)

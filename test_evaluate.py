@@ -507,6 +507,9 @@ def test_score_qa(tmp_path, capsys):
     assert "question 'x' has no gold answer" in score_error(capsys, "xquad", no_answers, predictions)
     removed = write(tmp_path / "g.json", json.dumps({"data": squad(("x", [""]))}))  # a test file, answers removed
     assert "question 'x' has no gold answer" in score_error(capsys, "xquad", removed, predictions)
+    blank = write(tmp_path / "g.json", json.dumps({"data": squad(("q1", ["Der Hund"]), ("q2", ["Hund", " "]))}))
+    assert "question 'q2' has no gold answer to score against, or a blank one" in score_error(
+        capsys, "xquad", blank, predictions)  # (an empty prediction scored exact match 1, F1 0)
     twice = write(tmp_path / "g.json", json.dumps({"data": squad(("q1", ["Hund"]), ("q1", ["Katze"]))}))
     assert "g.json: question 'q1': this id is used twice" in score_error(capsys, "xquad", twice, predictions)
     # Answers to another file's questions (no id in common): not a score of 0, a mistake said as such.

@@ -463,10 +463,11 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"seed-0/config.json: damaged"):
         finetune.load_finetuned(saved)
     (saved / "config.json").write_text(config)
-    # An edited finetune.json (its digests cover the weights and the tokenizer, not the settings themselves).
+    # An edited finetune.json: its settings have a digest of their own (seq_len 64 -> 8 was predicted with).
     info = json.loads((saved / "finetune.json").read_text())
-    for edit, message in (({"seq_len": None}, "must be positive integers"), ({"seq_len": 100_000}, "exceeds the model"),
-                          ({"task": "panx"}, "no panx head in model.safetensors"), ({"n_best": 0}, "positive integers")):
+    edited = "seed-0/finetune.json: damaged or edited"
+    for edit, message in (({"seq_len": None}, "must be positive integers"), ({"seq_len": 8}, edited),
+                          ({"task": "panx"}, edited), ({"n_best": 0}, "positive integers")):
         (saved / "finetune.json").write_text(json.dumps({**info, **edit}))
         with pytest.raises(DataError, match=message):
             finetune.load_finetuned(saved)
@@ -664,6 +665,14 @@ def test_panx_word_labels_survive_features_and_predictions(tokenizer):
     examples = data.read_tagging(str(SHARED / "ner" / "panx" / "dev-ru.tsv"), TAGGING_LABELS["panx"])
     t = finetune.tagging_features(tokenizer, examples, TAGGING_LABELS["panx"], seq_len=256)
     assert finetune.tagging_predictions(examples, t, t["labels"].clamp(min=0), TAGGING_LABELS["panx"]) == [e.labels for e in examples]
+
+
+def test_a_blank_gold_answer_is_refused_before_training(tmp_path):
+    qa = {"id": "q", "question": "what?", "answers": [{"text": "  ", "answer_start": 8}]}  # found at its offset
+    (tmp_path / "dev.json").write_text(json.dumps({"data": [{"paragraphs": [
+        {"context": "Paris is  the capital.", "qas": [qa]}]}]}))
+    with pytest.raises(DataError, match="question 'q': no answer to train or evaluate on, or a blank one"):
+        finetune.read_examples(finetune.TASKS["xquad"], str(tmp_path / "dev.json"))
 
 
 def test_a_training_answer_without_a_piece_is_refused(tokenizer):
