@@ -43,7 +43,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from model import DataError, load_checkpoint
+from model import CHECKPOINT_INFO, DataError, load_checkpoint
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -240,7 +240,10 @@ def tokenizer_for(model_path, tokenizer_file=""):
     """The tokenizer of a saved model: `tokenizer_file`, or else the one saved with it (a Hugging Face
     directory's sentencepiece.model, the file a pretrain.py checkpoint recorded). Where both are known they
     must be the same model (by SHA-256): another vocabulary would give the model wrong ids without a word."""
-    if os.path.isdir(model_path):
+    if os.path.isfile(os.path.join(model_path, CHECKPOINT_INFO)):  # a pretrain.py checkpoint's directory
+        with open(os.path.join(model_path, CHECKPOINT_INFO)) as f:  # (its loader checks every file)
+            saved = json.load(f).get("tokenizer")
+    elif os.path.isdir(model_path):
         path = os.path.join(model_path, "sentencepiece.model")
         saved = {"path": path, "sha256": sha256(path)} if os.path.isfile(path) else None
     else:

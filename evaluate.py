@@ -471,7 +471,8 @@ def main(argv=None):
     with warnings.catch_warnings():  # a directory without a masked-LM head: the probe needs none, Table 8 a trained one
         warnings.filterwarnings("error" if command == "mlm-accuracy" else "ignore", ".*no masked-LM head")
         try:
-            model = (MaskedLM.from_hf if Path(cfg.checkpoint).is_dir() else MaskedLM.from_checkpoint)(cfg.checkpoint)
+            hf = (Path(cfg.checkpoint) / "config.json").is_file()
+            model = (MaskedLM.from_hf if hf else MaskedLM.from_checkpoint)(cfg.checkpoint)
         except UserWarning as e:
             raise DataError(f"{e}; there is no masked-LM accuracy to measure") from None
     tokenizer = data.tokenizer_for(cfg.checkpoint, cfg.tokenizer)

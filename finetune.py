@@ -40,10 +40,9 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from model import (DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier, load_checkpoint,
-                   save_hf)
-from pretrain import (build_optimizer, claimed, launch, lr_at, remove_partial_saves, restore_training_state,
-                      setup_runtime, weights_are_sound)
+from model import (CHECKPOINT_INFO, DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier,
+                   load_checkpoint, save_hf)
+from pretrain import build_optimizer, claimed, launch, lr_at, remove_partial_saves, setup_runtime, weights_are_sound
 
 
 @dataclass(frozen=True)
@@ -302,7 +301,7 @@ def build_encoder(cfg, log):
     if cfg.config:
         encoder = Encoder(CONFIGS[cfg.config])
         log(f"random {cfg.config} encoder")
-    elif os.path.isdir(cfg.init):
+    elif os.path.isfile(os.path.join(cfg.init, "config.json")):
         encoder = Encoder.from_hf(cfg.init)
         log(f"{cfg.init}: Hugging Face RemBERT encoder")
     else:
@@ -513,6 +512,23 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
         last_log, last_step = now, step + 1
 
 
+def restore_training_state(runtime, state, path, model, optimizer):
+    """Weights, optimizer and this process's RNG from a saved state (a training state of train());
+    returns its step. Each process saved its own RNG (and data position), so the process count must match."""
+    try:
+        if len(state["rng"]) != runtime.world_size:
+            raise DataError(f"{path} was written by {len(state['rng'])} processes, this run has "
+                            f"{runtime.world_size}: the processes' data and random draws would not line up")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        runtime.set_rng_state(state["rng"][runtime.rank])
+        return state["step"]
+    except DataError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another program's file, another model's state
+        raise DataError(f"{path}: not a training state of this model ({type(e).__name__}: {e})") from None
+
+
 @torch.no_grad()
 def predict(model, tensors, batch_size, runtime):
     """Model outputs for every row of `tensors`, in order, on the CPU. Every process runs the same number of
@@ -590,7 +606,8 @@ def check_out_dir(cfg, runtime, log):
                     for lang, path in map(eval_spec, cfg.eval)]
     # And what they hold: a file changed at the same path would make a resumed run another run.
     files = [ours["init"], ours["tokenizer"], ours["train"], *(eval_spec(spec)[1] for spec in ours["eval"])]
-    read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model")  # of an --init dir
+    read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model",  # of an --init dir
+            CHECKPOINT_INFO)  # (a checkpoint's: the digests of the rest)
     files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
     digests = {f: data.sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
     ours["sha256"] = runtime.gather_object(digests)[0]  # read once, by rank 0 (an --init may be gigabytes)

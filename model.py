@@ -18,6 +18,7 @@ of the output layer, the largest matrix of the model. This file imports only tor
 library (`safetensors` inside the two functions that read and write transformers' files): it copies alone.
 """
 
+import hashlib
 import json
 import os
 import warnings
@@ -197,7 +198,11 @@ class MaskedLM(nn.Module):
         self.head = MLMHead(config)
         self.pretraining_layers.apply(init_weights)
         self.head.apply(init_weights)
-        if config.tie_embeddings:
+        self.tie_weights()
+
+    def tie_weights(self):
+        """The coupled model's one matrix, in and out. Again after a move to an XLA device, which copies it per module."""
+        if self.config.tie_embeddings:
             self.head.decoder.weight = self.encoder.embeddings.word_embeddings.weight  # (V, E) both ways
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
@@ -219,7 +224,19 @@ class MaskedLM(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path):
-        """The model of a pretrain.py checkpoint, its every byte checked first (`load_checkpoint`)."""
+        """The model of a pretrain.py checkpoint: its directory (torch.distributed.checkpoint's shards, read by one
+        process however many wrote them), or a .pt file of earlier versions. Every byte is checked first."""
+        if os.path.isdir(path):
+            import torch.distributed.checkpoint as dcp
+            info = read_checkpoint_info(path)
+            try:
+                model = cls(ModelConfig(**info["config"]))
+                with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
+                    warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                    dcp.load({"model": model.state_dict()}, checkpoint_id=path, no_dist=True)  # into its tensors
+            except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
+                raise DataError(f"{path}: the weights do not fit the saved config: {e}") from None
+            return model
         checkpoint = load_checkpoint(path)
         if not isinstance(checkpoint, dict) or not {"model", "config"} <= checkpoint.keys():
             raise DataError(f'{path}: not a pretrain.py checkpoint (it needs the keys "model" and "config")')
@@ -340,6 +357,33 @@ def load_checkpoint(path, weights=True):
         raise
     except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, UnpicklingError...)
         raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({type(e).__name__}: {e})") from None
+
+
+CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
+
+
+def read_checkpoint_info(path):
+    """checkpoint.json of a pretrain.py checkpoint directory (configs, step, tokenizer), once every file it lists
+    has its SHA-256 (torch.distributed.checkpoint checks nothing: a damaged shard would load wrong weights)."""
+    try:
+        with open(os.path.join(path, CHECKPOINT_INFO)) as f:
+            info = json.load(f)
+        if missing := {"config", "train_config", "step", "tokenizer", "sha256"} - info.keys():
+            raise KeyError(", ".join(sorted(missing)))
+        files = list(info["sha256"].items())
+    except FileNotFoundError:
+        raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint") from None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
+    for name, digest in files:
+        try:
+            with open(os.path.join(path, name), "rb") as f:
+                found = hashlib.file_digest(f, "sha256").hexdigest()
+        except OSError as e:
+            raise DataError(f"{os.path.join(path, name)}: missing or unreadable ({e.strerror})") from None
+        if found != digest:
+            raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 is not the one saved with it)")
+    return info
 
 
 # ----------------------------------------------------------------------------------------------

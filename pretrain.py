@@ -11,41 +11,43 @@ Any config of configs.py by name, any ModelConfig field and any training option 
 as a flag; `python pretrain.py --help` lists them all. Commands:
 
   CPU:        python pretrain.py
-  one GPU:    python pretrain.py --config rembert --device cuda --data corpus/ --tokenizer spm.model \
-                  --seq-len 512 --max-predictions 80 --batch-size 16 --grad-accum 128 --num-workers 4
-  8 GPUs:     torchrun --standalone --nproc_per_node=8 pretrain.py --config rembert --device cuda \
+  one GPU:    python pretrain.py --config base-like ... (RemBERT itself needs --fsdp on more than one)
+  8 GPUs:     torchrun --standalone --nproc_per_node=8 pretrain.py --config rembert --device cuda --fsdp \
                   --data corpus/ --tokenizer spm.model --seq-len 512 --max-predictions 80 \
                   --batch-size 16 --grad-accum 16 --num-workers 4
-  TPU VM:     PJRT_DEVICE=TPU python pretrain.py --config rembert --device xla --data corpus/ \
-                  --tokenizer spm.model --seq-len 512 --max-predictions 80 --batch-size 16 --grad-accum 32
-                  (torch_xla.launch starts one process per chip: 4 on a v4-8)
+  TPU VM:     PJRT_DEVICE=TPU python pretrain.py --config rembert --device xla --fsdp --data corpus/ \
+                  --tokenizer spm.model --seq-len 512 --max-predictions 80 --batch-size 64 --grad-accum 32
+                  (one process per host, SPMD over its chips; on a pod slice, the same command on every host)
   continue:   the same command with --resume (from the newest intact checkpoint in --out-dir)
 
-The global batch is batch_size x grad_accum x processes sequences (2048 in each command above);
-add --lr, --warmup and --steps for the run you reproduce (the defaults suit the tiny CPU run).
-Multi-process data parallelism shards the corpus by global rank. A NaN/inf loss stops the run; it
+The global batch is batch_size x grad_accum x processes sequences (2048 in each command above; on XLA
+with --fsdp a process is a host); add --lr, --warmup and --steps for the run you reproduce (the defaults
+suit the tiny CPU run). Processes read disjoint shares of the corpus. A NaN/inf loss stops the run; it
 is checked at each log line, and the weights themselves before each checkpoint, so no checkpoint
 holds a bad step.
 """
 
 import contextlib
 import glob
+import io
 import itertools
 import math
 import os
 import pickle
 import re
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from configs import (CONFIGS, DEVICE, GIVEN, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags,
                      flag, one_of, parse_flags, resolve_device, run_script)
-from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
-from model import DataError, MaskedLM, ModelConfig, count_parameters, load_checkpoint
+from data import MLMLoader, Tokenizer, corpus_files, line_counts, sha256, train_tokenizer, write_json
+from model import CHECKPOINT_INFO, DataError, MaskedLM, ModelConfig, count_parameters, read_checkpoint_info
 
 
 @dataclass
@@ -57,6 +59,8 @@ class TrainConfig:
                           "vocab_size if missing", (lambda v: v.endswith(".model"), "a file name ending in .model"))
     out_dir: str = flag("out/pretrain", "where checkpoints go", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
+    fsdp: bool = flag(False, "shard weights, gradients and AdamW's state over the processes (FSDP2 under torchrun; "
+                             "on xla, SPMD over the host's devices, one process per host)")
     seq_len: int = flag(128, "tokens per sequence", at_least(3))
     max_predictions: int = flag(20, "masked positions per sequence (15% of seq_len)", POSITIVE)
     batch_size: int = flag(32, "sequences per micro-batch per process", POSITIVE)
@@ -81,13 +85,13 @@ class TrainConfig:
             raise ValueError(f"--warmup ({self.warmup}) must be below --steps ({self.steps})")
         if self.max_predictions > self.seq_len - 2:  # the positions between [CLS] and [SEP]; more are padding
             raise ValueError(f"--max-predictions must be at most --seq-len - 2 ({self.seq_len - 2})")
-        if self.compile and self.device == "xla":
-            raise ValueError("--compile is for cpu and cuda: torch-xla compiles every step already")
+        if self.compile and (self.device == "xla" or self.fsdp):
+            raise ValueError("--compile is for cpu and cuda without --fsdp (torch-xla compiles every step already)")
 
 
-# Training settings a resumed run must share with its checkpoint (the model's too); --steps may grow.
-SAME_ON_RESUME = ("seq_len", "max_predictions", "batch_size", "grad_accum", "warmup", "lr", "weight_decay",
-                  "max_grad_norm", "seed")
+# Training settings a resumed run must share with its checkpoint (the model's too); --steps may grow, and the
+# global batch may be split otherwise over processes and accumulation (the loader checks it).
+SAME_ON_RESUME = ("seq_len", "max_predictions", "warmup", "lr", "weight_decay", "max_grad_norm", "seed")
 
 
 def parse_args(argv=None):
@@ -106,19 +110,26 @@ def parse_args(argv=None):
 
 
 # ----------------------------------------------------------------------------------------------
-# The device block: cpu, cuda (bf16 autocast) or xla, each optionally data-parallel
+# The device block: cpu, cuda (bf16 autocast) or xla, each optionally data-parallel or sharded
 
 @dataclass
 class Runtime:
     kind: str  # "cpu" | "cuda" | "xla"
     device: torch.device
-    rank: int = 0  # global rank: which shard of the data this process reads
+    rank: int = 0  # global rank: which share of the data this process reads
     world_size: int = 1
     local_rank: int = 0
+    fsdp: bool = False  # weights sharded: FSDP2, or on XLA SPMD over `mesh`
+    mesh: object = None  # XLA SPMD: every device of the job on one axis, "fsdp"
 
     @property
     def is_main(self):
         return self.rank == 0
+
+    @property
+    def replicas(self):
+        """How many gradients DDP, FSDP or xm.reduce_gradients average. SPMD computes the global batch as one."""
+        return 1 if self.mesh else self.world_size
 
     @property
     def xm(self):  # torch_xla's xla_model, imported on XLA only
@@ -137,17 +148,19 @@ class Runtime:
         return model
 
     def loader(self, batches):
-        """Batches (dicts of tensors) on the device. On XLA, MpDeviceLoader uploads them in a
-        background thread and cuts the lazy graph at each batch (one compiled step)."""
+        """Batches (dicts of tensors) on the device. On XLA, MpDeviceLoader uploads them in a background thread and
+        cuts the lazy graph at each batch (one compiled step); under SPMD it splits each over the devices."""
         if self.kind == "xla":
+            import torch_xla.distributed.spmd as xs
             from torch_xla.distributed.parallel_loader import MpDeviceLoader
-            return iter(MpDeviceLoader(batches, self.device))
+            sharding = self.mesh and xs.ShardingSpec(self.mesh, ("fsdp", None), minibatch=True)  # (B, T), (B, P)
+            return iter(MpDeviceLoader(batches, self.device, input_sharding=sharding))
         return ({k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches)
 
     def optimizer_step(self, optimizer, max_grad_norm):
-        """xm.optimizer_step is reduce_gradients + step; clipping must sit between the two, so
-        on XLA its two halves are called here (DDP reduced the gradients in backward)."""
-        if self.kind == "xla":
+        """xm.optimizer_step is reduce_gradients + step; clipping must sit between the two, so on XLA its two
+        halves are called here (DDP and FSDP reduced the gradients in backward, SPMD's compiler in the step)."""
+        if self.kind == "xla" and not self.mesh:
             self.xm.reduce_gradients(optimizer)
         torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
         optimizer.step()
@@ -156,8 +169,8 @@ class Runtime:
             torch_xla.sync()  # cut the lazy graph here, so every step compiles to the same graph
 
     def all_reduce_sum(self, tensor):
-        """Sum over processes (a device op: no host sync)."""
-        if self.world_size == 1:
+        """Sum over processes (a device op: no host sync). Under SPMD a tensor is already the whole job's."""
+        if self.world_size == 1 or self.mesh:
             return tensor
         if self.kind == "xla":
             return self.xm.all_reduce(self.xm.REDUCE_SUM, tensor)
@@ -171,7 +184,7 @@ class Runtime:
         """[obj of rank 0, obj of rank 1, ...] on every process (for per-rank resume state)."""
         if self.world_size == 1:
             return [obj]
-        if self.kind == "xla":  # rendezvous exchanges bytes, in the order of the processes
+        if self.kind == "xla" and not self.mesh:  # rendezvous exchanges bytes, in the order of the processes
             return [pickle.loads(payload) for payload in self.xm.rendezvous("gather_object", pickle.dumps(obj))]
         gathered = [None] * self.world_size
         dist.all_gather_object(gathered, obj)
@@ -192,8 +205,8 @@ class Runtime:
             warnings.warn(f"the saved state has no {self.kind} random state: dropout draws differ from the saved run's")
 
     def save(self, obj, path):
-        """Write atomically from the main process: a temporary file, flushed, then renamed, so a
-        crash mid-write never leaves a broken `path`."""
+        """One file (finetune.py's training state), written atomically from the main process: a temporary file,
+        flushed, then renamed, so a crash mid-write never leaves a broken `path`."""
         tmp = path + ".tmp"
         try:
             if self.kind == "xla":
@@ -211,23 +224,72 @@ class Runtime:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(tmp)
 
+    def distributed_checkpoint(self, state, path, load=False):
+        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory, which
+        any number of processes reads. Sharded, each process writes and reads its own shards (under SPMD through
+        torch-xla's planners); replicated, the main process writes all, and each process reads all."""
+        import torch.distributed.checkpoint as dcp
+        planner = None
+        if self.mesh:
+            from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner, SPMDSavePlanner
+            planner = SPMDLoadPlanner() if load else SPMDSavePlanner()
+        collective = self.fsdp and dist.is_initialized()
+        with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            if load:
+                dcp.load(state, checkpoint_id=path, planner=planner, no_dist=not collective)
+            elif self.fsdp or self.is_main:
+                dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
 
-def setup_runtime(device="auto"):
+
+def setup_runtime(device="auto", fsdp=False):
     """Data parallelism comes from the launcher: torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nccl on GPUs, gloo on
-    CPU), or on XLA torch_xla.launch's processes (PJRT), one per core or chip."""
+    CPU), or on XLA torch_xla.launch's processes (PJRT), one per core or chip; with fsdp on XLA, one process per
+    host, SPMD over all of the job's devices (FSDPv2's setting)."""
     device = resolve_device(device)
     if device == "xla":
         import torch_xla
         import torch_xla.runtime as xr
-        return Runtime("xla", torch_xla.device(), xr.global_ordinal(), xr.world_size())
+        if not fsdp:
+            return Runtime("xla", torch_xla.device(), xr.global_ordinal(), xr.world_size())
+        import numpy as np
+        import torch_xla.distributed.spmd as xs
+        xr.use_spmd()
+        devices = xr.global_runtime_device_count()
+        if xr.process_count() > 1 and not dist.is_initialized():  # hosts agree on checkpoints over gloo
+            dist.init_process_group("gloo", init_method="xla://")
+        return Runtime("xla", torch_xla.device(), xr.process_index(), xr.process_count(), fsdp=True,
+                       mesh=xs.Mesh(np.arange(devices), (devices,), ("fsdp",)))
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(torch_device)
-    if world_size > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device == "cuda" else "gloo")
-    return Runtime(device, torch_device, rank, world_size, local_rank)
+    if (world_size > 1 or fsdp) and not dist.is_initialized():  # (FSDP's device mesh needs a group, even of one)
+        dist.init_process_group("nccl" if device == "cuda" else "gloo",
+                                **({} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0,
+                                                                     "world_size": 1}))
+    return Runtime(device, torch_device, rank, world_size, local_rank, fsdp=fsdp)
+
+
+def shard(model, runtime):
+    """Shard the MaskedLM's weights, their gradients and AdamW's state over the processes (or XLA's devices).
+    FSDP2 as torchtitan applies it: a unit per Transformer layer, the embeddings and the MLM head (one unit when
+    tied: a parameter belongs to one), then the rest; bf16 compute with float32 gradient reduction on CUDA.
+    SPMD: FSDPv2's layout, each parameter's first dimension split over the mesh's fsdp axis, marked on the
+    parameters themselves (torch-xla's wrapper would rename them) and left to the compiler to gather."""
+    if runtime.mesh:
+        import torch_xla.distributed.spmd as xs
+        for p in model.parameters():
+            xs.mark_sharding(p, runtime.mesh, ("fsdp",) + (None,) * (p.dim() - 1))
+        return model
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+        if runtime.kind == "cuda" else MixedPrecisionPolicy()
+    outer = [model.encoder.embeddings, model.head]
+    for unit in [*model.encoder.layers, *model.pretraining_layers, *([outer] if model.config.tie_embeddings else outer)]:
+        fully_shard(unit, mp_policy=policy)
+    return fully_shard(model, mp_policy=policy)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -253,76 +315,109 @@ def lr_at(step, warmup, total, peak):
 
 def weights_are_sound(model, batch, runtime):
     """Checked before every save, since the loss checked so far was computed before the last update:
-    the weights are finite and give a finite loss on `batch` (in every process)."""
+    the weights are finite and give a finite loss on `batch` (in every process; each checks its shards)."""
     model.eval()
     with torch.no_grad(), runtime.autocast():
         loss = model(**batch)[-1]
     model.train()
-    finite = torch.stack([torch.isfinite(loss)] + [torch.isfinite(p).all() for p in model.parameters()]).all()
+    local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
+    finite = torch.stack([torch.isfinite(loss)] + [torch.isfinite(p).all() for p in local]).all()
     return runtime.all_reduce_sum((~finite).float()).item() == 0
 
 
 # ----------------------------------------------------------------------------------------------
-# Checkpoints: one file per save, written atomically, the newest `keep` kept, each checked when read
+# Checkpoints: a directory per save, complete once its checkpoint.json is written, the newest `keep` kept
 
 def checkpoint_paths(out_dir):
-    """Complete checkpoints, oldest first. Temporary files (*.tmp) of an interrupted save are
-    never matched, so a crash while writing leaves the previous checkpoint as the newest."""
-    paths = glob.glob(os.path.join(out_dir, "ckpt-*.pt"))
-    return sorted(p for p in paths if re.fullmatch(r"ckpt-\d+\.pt", os.path.basename(p)))
+    """Complete checkpoints, oldest first: ckpt-STEP directories with their checkpoint.json."""
+    paths = glob.glob(os.path.join(out_dir, "ckpt-*", CHECKPOINT_INFO))
+    return sorted(os.path.dirname(p) for p in paths if re.fullmatch(r"ckpt-\d{8}", os.path.basename(os.path.dirname(p))))
 
 
 def newest_intact_checkpoint(out_dir, log):
-    """(path, contents) of the newest checkpoint whose every record passes its CRC check and that holds what
-    pretrain.py saves; a damaged one is reported and passed over."""
+    """(path, checkpoint.json) of the newest checkpoint whose every file has its SHA-256; a damaged one is reported
+    and passed over."""
     damaged = []
     for path in reversed(checkpoint_paths(out_dir)):
         try:
-            checkpoint = load_checkpoint(path)
-            if not (isinstance(checkpoint, dict) and set(CHECKPOINT) <= checkpoint.keys()):
-                raise DataError(f"{path}: not a pretrain.py checkpoint (it needs {', '.join(CHECKPOINT)})")
-            return path, checkpoint
+            return path, read_checkpoint_info(path)
         except DataError as e:
             log(f"warning: {e}; trying the checkpoint before it")
             damaged.append(os.path.basename(path))
     raise DataError(f"{out_dir}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
 
 
-CHECKPOINT = ("model", "config", "train_config", "optimizer", "step", "loader", "rng")  # and "tokenizer"
-
-
 def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer):
-    checkpoint = {
-        "model": model.state_dict(), "config": asdict(model_config), "train_config": asdict(cfg),
-        "optimizer": optimizer.state_dict(), "step": step,
-        # The tokenizer by absolute path and digest: fine-tuning and evaluation find it and check it.
-        "tokenizer": {"path": os.path.abspath(tokenizer.model_file), "sha256": tokenizer.sha256},
-        # Per process (index = rank): each reads its own shard and draws its own dropout.
-        "loader": runtime.gather_object(loader.state_dict()), "rng": runtime.gather_object(runtime.rng_state()),
-    }
-    path = os.path.join(cfg.out_dir, f"ckpt-{step:08d}.pt")
-    runtime.save(checkpoint, path)
-    if runtime.is_main:
-        for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:
-            os.remove(old)
+    """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format (by parameter name, so
+    that any number of processes reshards them), every process's data position and random state, and last,
+    checkpoint.json: both configs, the step, the tokenizer (by path and digest) and every file's SHA-256."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    path = os.path.join(cfg.out_dir, f"ckpt-{step:08d}")
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(
+        cpu_offload=not runtime.fsdp))  # replicated: what the main process writes, on the CPU
+    extra = io.BytesIO()
+    torch.save({"loader": runtime.gather_object(loader.state_dict()),
+                "rng": runtime.gather_object(runtime.rng_state())}, extra)
+    try:
+        runtime.distributed_checkpoint({"model": model_state, "optimizer": optimizer_state,
+                                        "extra": extra.getvalue()}, path)
+        runtime.barrier()
+        if runtime.is_main:
+            files = sorted(os.listdir(path))
+            write_json(os.path.join(path, CHECKPOINT_INFO), {
+                "step": step, "config": asdict(model_config), "train_config": asdict(cfg), "processes":
+                runtime.world_size, "tokenizer": {"path": os.path.abspath(tokenizer.model_file),
+                                                  "sha256": tokenizer.sha256},
+                "sha256": {name: sha256(os.path.join(path, name)) for name in files}})
+            for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:
+                shutil.rmtree(old)
+    except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
+        raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from None
+    runtime.barrier()
     return path
 
 
-def restore_training_state(runtime, state, path, model, optimizer):
-    """Weights, optimizer and this process's RNG from a saved state (pretrain.py's checkpoints and finetune.py's);
-    returns its step. Each process saved its own RNG (and data position), so the process count must match."""
+def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path, info, log):
+    """Continue the run of checkpoint `path` (its checkpoint.json: `info`), returning its step: another model,
+    training or tokenizer is refused by name; the loader goes on where it was (any split of the same global
+    batch); the weights and AdamW's state are resharded onto this run's processes; with as many processes,
+    each draws its own random numbers on (bitwise the uninterrupted run), with another number, new ones."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    saved = {**info["config"], **{k: info["train_config"].get(k) for k in SAME_ON_RESUME}}
+    now = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
+    if differ := [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]:
+        raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
+                        f"the same --config, overrides and training flags, or another --out-dir")
+    if info["tokenizer"]["sha256"] != tokenizer.sha256:
+        raise DataError(f"{path} was trained with the tokenizer {info['tokenizer']['path']}; "
+                        f"{cfg.tokenizer} is another one (or has changed since)")
+    if info["step"] > cfg.steps:
+        raise DataError(f"{path} is at step {info['step']}, past --steps {cfg.steps}")
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    state = {"extra": b""}
     try:
-        if len(state["rng"]) != runtime.world_size:
-            raise DataError(f"{path} was written by {len(state['rng'])} processes, this run has "
-                            f"{runtime.world_size}: the processes' data and random draws would not line up")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        runtime.set_rng_state(state["rng"][runtime.rank])
-        return state["step"]
+        runtime.distributed_checkpoint(state, path, load=True)
+        extra = torch.load(io.BytesIO(state["extra"]), weights_only=True)
+        loader.load_state_dict(extra["loader"])  # (before the weights: a refusal costs nothing)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        runtime.distributed_checkpoint(state, path, load=True)
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
     except DataError:
         raise
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another program's file, another model's state
+    except (Exception, dcp.CheckpointException) as e:  # (a BaseException): what the directory does not hold
         raise DataError(f"{path}: not a training state of this model ({type(e).__name__}: {e})") from None
+    if len(extra["rng"]) == runtime.world_size:
+        runtime.set_rng_state(extra["rng"][runtime.rank])
+    else:
+        log(f"note: {path} was written by {len(extra['rng'])} process(es); dropout draws anew in these {runtime.world_size}")
+        torch.manual_seed(cfg.seed + 1 + runtime.rank + info["step"] * runtime.world_size)
+    log(f"resumed from {path} at step {info['step']}")
+    if cfg.steps != info["train_config"]["steps"]:  # --steps may grow
+        log(f"--steps {cfg.steps}: the learning rate decays to 0 at step {cfg.steps} now, no longer at step "
+            f"{info['train_config']['steps']}")
+    return info["step"]
 
 
 @contextlib.contextmanager
@@ -362,17 +457,18 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
     The loss is normalised by the masked tokens of the whole global batch (all micro-batches of
     all processes), not per micro-batch: every prediction then weighs the same however the batch
     is split, so N processes x M micro-batches compute the gradient of one process with the
-    global batch. (DDP and xm.reduce_gradients average over processes, hence x world_size.)"""
+    global batch. (DDP, FSDP and xm.reduce_gradients average over processes, hence x replicas.)"""
     count = runtime.all_reduce_sum(sum(b["masked_weights"].sum() for b in micro_batches)).clamp(min=1.0)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
-        no_sync = model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext()
-        with no_sync:
+        if hasattr(model, "set_requires_gradient_sync"):  # FSDP2: reduce the gradients once, after the last
+            model.set_requires_gradient_sync(last)
+        with model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext():  # DDP
             with runtime.autocast():
                 logits, loss = model(**batch)  # (B, P, V); the mean cross-entropy of this micro-batch's predictions
             weights = batch["masked_weights"]
             loss_sum = loss * weights.sum()
-            (loss_sum * runtime.world_size / count).backward()
+            (loss_sum * runtime.replicas / count).backward()
         correct = ((logits.detach().argmax(-1) == batch["masked_ids"]).float() * weights).sum()
         stats += torch.stack([loss_sum.detach(), correct, weights.sum()])
     runtime.optimizer_step(optimizer, max_grad_norm)
@@ -396,15 +492,24 @@ def ensure_tokenizer(cfg, model_config, runtime, log):
 
 
 def train(model_config, cfg):
-    runtime = setup_runtime(cfg.device)
+    runtime = setup_runtime(cfg.device, cfg.fsdp)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
-    log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
+    log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)"
+        + (f", weights sharded ({'SPMD' if runtime.mesh else 'FSDP2'})" if runtime.fsdp else ""))
+    if runtime.mesh:  # each batch is split over the host's devices
+        import torch_xla.runtime as xr
+        if cfg.batch_size % xr.addressable_runtime_device_count():
+            raise DataError(f"--batch-size {cfg.batch_size} does not split over this host's "
+                            f"{xr.addressable_runtime_device_count()} devices")
+    if glob.glob(os.path.join(cfg.out_dir, "ckpt-*.pt")):
+        raise DataError(f"{cfg.out_dir} holds checkpoints of an earlier pretrain.py (ckpt-*.pt files): continue them "
+                        f"with that version, or choose another --out-dir (fine-tuning reads them as they are)")
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
     if resumed and not os.path.exists(cfg.tokenizer):  # never a new tokenizer for a run that has one
-        saved = resumed[1].get("tokenizer", {}).get("path")
-        if not saved or not os.path.exists(saved):
+        saved = resumed[1]["tokenizer"]["path"]
+        if not os.path.exists(saved):
             raise DataError(f"--tokenizer {cfg.tokenizer} is not there, nor the one {resumed[0]} was trained with "
-                            f"({saved or 'not recorded'}); pass --tokenizer with that file")
+                            f"({saved}); pass --tokenizer with that file")
         cfg = replace(cfg, tokenizer=saved)
         log(f"--resume: {resumed[0]}'s tokenizer, {cfg.tokenizer}")
     log(f"model config: {asdict(model_config)}")
@@ -417,9 +522,10 @@ def train(model_config, cfg):
     counts = runtime.gather_object(line_counts(files) if runtime.is_main else None)[0]  # the corpus read once
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
-    raw_model = MaskedLM(model_config)
+    raw_model = MaskedLM(model_config).to(runtime.device)
+    raw_model.tie_weights()  # (moved to an XLA device, a coupled model has two matrices)
     raw_model.encoder.pooler.requires_grad_(False)  # no NSP: the pooler gets no gradient
-    model = runtime.wrap_model(raw_model)
+    model = shard(raw_model, runtime) if runtime.fsdp else runtime.wrap_model(raw_model)
     if cfg.compile:
         model = torch.compile(model)
     optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
@@ -431,29 +537,17 @@ def train(model_config, cfg):
 
     step = 0
     if runtime.is_main:
-        remove_partial_saves(os.path.join(cfg.out_dir, "ckpt-*.pt.tmp"), log)
+        for partial in (p for p in glob.glob(os.path.join(cfg.out_dir, "ckpt-*")) if os.path.isdir(p)
+                        and not os.path.exists(os.path.join(p, CHECKPOINT_INFO))):
+            shutil.rmtree(partial)
+            log(f"removed {partial}, left by an interrupted save")
         # The damaged checkpoints resuming passed over: kept, but out of --keep's count and the next --resume's way.
         for damaged in (p for p in checkpoint_paths(cfg.out_dir) if resumed and p > resumed[0]):
             os.replace(damaged, damaged + ".damaged")
             log(f"moved {damaged}, passed over above, to {damaged}.damaged")
+    runtime.barrier()
     if resumed:
-        path, checkpoint = resumed
-        saved = {**checkpoint["config"], **{k: checkpoint["train_config"].get(k) for k in SAME_ON_RESUME}}
-        now = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
-        if differ := [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]:
-            raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
-                            f"the same --config, overrides and training flags, or another --out-dir")
-        if checkpoint.get("tokenizer", {}).get("sha256", tokenizer.sha256) != tokenizer.sha256:
-            raise DataError(f"{path} was trained with the tokenizer {checkpoint['tokenizer']['path']}; "
-                            f"{cfg.tokenizer} is another one (or has changed since)")
-        if checkpoint["step"] > cfg.steps:
-            raise DataError(f"{path} is at step {checkpoint['step']}, past --steps {cfg.steps}")
-        step = restore_training_state(runtime, checkpoint, path, raw_model, optimizer)
-        loader.load_state_dict(checkpoint["loader"][runtime.rank])
-        log(f"resumed from {path} at step {step}")
-        if cfg.steps != checkpoint["train_config"].get("steps", cfg.steps):  # --steps may grow
-            log(f"--steps {cfg.steps}: the learning rate decays to 0 at step {cfg.steps} now, no longer at step "
-                f"{checkpoint['train_config']['steps']}")
+        step = resume(runtime, cfg, model_config, raw_model, optimizer, loader, tokenizer, *resumed, log)
     elif checkpoint_paths(cfg.out_dir):
         raise DataError(f"{cfg.out_dir} already holds checkpoints; pass --resume to continue that run, "
                         f"or choose another --out-dir")
@@ -514,8 +608,9 @@ def last_good(out_dir):
     return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
 
 
-def launch(function, device, *args):
-    if resolve_device(device) != "xla":
+def launch(function, device, *args, processes=True):
+    """XLA: torch_xla.launch starts a process per device (processes=False: this one, for SPMD)."""
+    if not processes or resolve_device(device) != "xla":
         return function(*args)
     import torch_xla
     torch_xla.launch(_without_index, args=(function, *args))
@@ -528,7 +623,7 @@ def _without_index(index, function, *args):  # torch_xla.launch passes the proce
 def main(argv=None):
     model_config, train_config = parse_args(argv)
     with claimed(train_config.out_dir):
-        launch(train, train_config.device, model_config, train_config)
+        launch(train, train_config.device, model_config, train_config, processes=not train_config.fsdp)
 
 
 if __name__ == "__main__":

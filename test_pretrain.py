@@ -3,17 +3,19 @@ model, the NaN guards, crash-safe and verified checkpoints, exact resume after S
 processes and the XLA path."""
 
 import importlib
+import io
+import json
 import os
 import random
 import signal
-import struct
 import subprocess
 import sys
-import zipfile
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import pretrain
 from configs import CONFIGS
@@ -49,7 +51,14 @@ def run_script(tokenizer, out_dir, *extra, python=sys.executable, env=None):
 
 
 def final_state(out_dir):
-    return load_checkpoint(pretrain.checkpoint_paths(out_dir)[-1])
+    """The newest checkpoint whole: checkpoint.json, and what its shards hold as torch's own dcp_to_torch_save reads
+    them (the weights, AdamW's state by parameter name), with every process's loader and random states."""
+    path = pretrain.checkpoint_paths(out_dir)[-1]
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path, os.path.join(tmp, "whole.pt"))
+        state = torch.load(os.path.join(tmp, "whole.pt"), weights_only=False)
+    extra = torch.load(io.BytesIO(state.pop("extra")), weights_only=True)
+    return {**json.loads(Path(path, "checkpoint.json").read_text()), **state, **extra}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -194,9 +203,9 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tokenizer, tm
 
     monkeypatch.setattr(pretrain, "train_step", poisoned)
     with pytest.raises(FloatingPointError, match=r"loss became nan between steps 3 and 4; "
-                                                 r"last good checkpoint: .*ckpt-00000002.pt"):
+                                                 r"last good checkpoint: .*ckpt-00000002 \(try"):
         run(tokenizer, tmp_path, "--steps", "6", "--log-every", "2", "--checkpoint-every", "2")
-    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002.pt"]
+    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
 
 
 @pytest.mark.parametrize("breakage", ["inf", "huge"])
@@ -217,9 +226,9 @@ def test_an_update_that_breaks_the_weights_is_never_saved(tokenizer, tmp_path, m
 
     monkeypatch.setattr(pretrain.Runtime, "optimizer_step", exploding)
     with pytest.raises(FloatingPointError, match=r"the update of step 4 broke the weights .* "
-                                                 r"last good checkpoint: .*ckpt-00000002.pt"):
+                                                 r"last good checkpoint: .*ckpt-00000002 \(try"):
         run(tokenizer, tmp_path, "--steps", "6", "--checkpoint-every", "2")
-    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002.pt"]
+    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
 
 
 def test_a_failed_save_names_the_file_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
@@ -245,43 +254,54 @@ def test_a_failed_save_names_the_file_and_leaves_the_previous_checkpoint(tmp_pat
     assert load_checkpoint(path) == {"step": 1}
 
 
-def test_resume_removes_a_partial_save_of_a_killed_run(tokenizer, tmp_path, capsys):
+def test_a_failed_save_names_its_directory_and_the_next_run_removes_it(tokenizer, tmp_path, monkeypatch, capsys):
     run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2")
-    newest = Path(pretrain.checkpoint_paths(tmp_path)[-1])
-    (tmp_path / "ckpt-00000006.pt.tmp").write_bytes(newest.read_bytes()[:1000])  # a crash mid-save
+    newest = pretrain.checkpoint_paths(tmp_path)[-1]
+
+    def disk_full(state, checkpoint_id, **kwargs):  # half the shards written, then the disk is full
+        os.makedirs(checkpoint_id)
+        Path(checkpoint_id, "__0_0.distcp").write_bytes(b"half a shard")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.distributed.checkpoint, "save", disk_full)
+    with pytest.raises(OSError, match=r"ckpt-00000006: saving failed .*No space left on device"):
+        run(tokenizer, tmp_path, "--steps", "8", "--checkpoint-every", "2", "--resume")
+    assert pretrain.checkpoint_paths(tmp_path)[-1] == newest  # no checkpoint.json: never read
+    monkeypatch.undo()
+    capsys.readouterr()
     run(tokenizer, tmp_path, "--steps", "8", "--checkpoint-every", "2", "--resume")
     out = capsys.readouterr().out
-    assert "ckpt-00000006.pt.tmp, left by an interrupted save" in out and f"resumed from {newest} at step 4" in out
+    assert "ckpt-00000006, left by an interrupted save" in out and f"resumed from {newest} at step 4" in out
     assert "--steps 8: the learning rate decays to 0 at step 8 now, no longer at step 4" in out  # said, not silent
     assert final_state(tmp_path)["step"] == 8
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004.pt", "ckpt-00000006.pt", "ckpt-00000008.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004", "ckpt-00000006", "ckpt-00000008"]
 
 
-@pytest.mark.parametrize("damage", ["overwritten tensor bytes", "truncated"])
+@pytest.mark.parametrize("damage", ["overwritten tensor bytes", "truncated", "a shard missing"])
 def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_is_used(tokenizer, tmp_path, capsys, damage):
     run(tokenizer, tmp_path / "straight", "--steps", "6", "--checkpoint-every", "2")
     run(tokenizer, tmp_path / "run", "--steps", "4", "--checkpoint-every", "2")
     newest = Path(pretrain.checkpoint_paths(tmp_path / "run")[-1])
-    raw = bytearray(newest.read_bytes())
+    shard = newest / "__0_0.distcp"
+    raw = bytearray(shard.read_bytes())
     if damage == "truncated":
-        newest.write_bytes(raw[:len(raw) // 2])
-    else:  # 16 bytes in the middle of the largest tensor: torch.load alone loads it, with wrong weights
-        with zipfile.ZipFile(newest) as archive:
-            record = max(archive.infolist(), key=lambda info: info.file_size)
-        name_length, extra_length = struct.unpack("<HH", raw[record.header_offset + 26:record.header_offset + 30])
-        offset = record.header_offset + 30 + name_length + extra_length + record.file_size // 2
-        raw[offset:offset + 16] = bytes(16)
-        newest.write_bytes(raw)
-        torch.load(newest, weights_only=True)
-    with pytest.raises(DataError, match="ckpt-00000004.pt: damaged"):
-        load_checkpoint(newest)
+        shard.write_bytes(raw[:len(raw) // 2])
+    elif damage == "a shard missing":
+        shard.unlink()
+    else:  # 16 bytes in the middle: torch.distributed.checkpoint alone reads it, with wrong weights
+        raw[len(raw) // 2:len(raw) // 2 + 16] = bytes(16)
+        shard.write_bytes(raw)
+        final_state(tmp_path / "run")
+    message = "missing or unreadable" if damage == "a shard missing" else "damaged"
+    with pytest.raises(DataError, match=f"ckpt-00000004/__0_0.distcp: {message}"):
+        MaskedLM.from_checkpoint(str(newest))
     run(tokenizer, tmp_path / "run", "--steps", "6", "--checkpoint-every", "2", "--resume")
     out = capsys.readouterr().out
-    assert f"warning: {newest}: damaged" in out and "at step 2" in out
+    assert f"warning: {shard}: {message}" in out and "at step 2" in out
     straight, resumed = final_state(tmp_path / "straight"), final_state(tmp_path / "run")
     assert all(torch.equal(straight["model"][k], resumed["model"][k]) for k in straight["model"])
     for path in pretrain.checkpoint_paths(tmp_path / "run"):
-        Path(path).write_bytes(b"not a checkpoint")
+        Path(path, "checkpoint.json").write_text("not a checkpoint")
     with pytest.raises(DataError, match="no intact checkpoint to resume from"):
         run(tokenizer, tmp_path / "run", "--steps", "8", "--checkpoint-every", "2", "--resume")
 
@@ -290,15 +310,19 @@ def test_checkpoints_resuming_passed_over_are_set_aside_not_kept_instead_of_good
     """A newer checkpoint that is damaged, or that holds something else, is passed over, then moved aside:
     --keep then keeps the checkpoints this run writes, not it."""
     run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2")
-    newest = tmp_path / "ckpt-00000004.pt"
-    newest.write_bytes(newest.read_bytes()[:1000])
-    torch.save({"step": 9}, tmp_path / "ckpt-00000009.pt")  # intact, but not pretrain.py's
+    newest = tmp_path / "ckpt-00000004"
+    (newest / "__0_0.distcp").write_bytes(b"half")
+    (tmp_path / "ckpt-00000009").mkdir()
+    (tmp_path / "ckpt-00000009" / "checkpoint.json").write_text('{"step": 9}')  # intact, but not pretrain.py's
     run(tokenizer, tmp_path, "--steps", "3", "--checkpoint-every", "1", "--keep", "1", "--resume")
     out = capsys.readouterr().out
-    assert "ckpt-00000009.pt: not a pretrain.py checkpoint" in out and "resumed from" in out and "at step 2" in out
+    assert "ckpt-00000009/checkpoint.json: damaged or not pretrain.py's" in out and "at step 2" in out
     assert f"moved {newest}, passed over above, to {newest}.damaged" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ckpt-00000003.pt", "ckpt-00000004.pt.damaged", "ckpt-00000009.pt.damaged"]
+        "ckpt-00000003", "ckpt-00000004.damaged", "ckpt-00000009.damaged"]
+    (tmp_path / "ckpt-00000001.pt").write_bytes(b"")  # an earlier version's checkpoint: not started over
+    with pytest.raises(DataError, match="holds checkpoints of an earlier pretrain.py"):
+        run(tokenizer, tmp_path, "--steps", "4", "--resume")
 
 
 def test_fewer_predictions_than_bert_masks_are_said(tokenizer, tmp_path, capsys):
@@ -365,12 +389,12 @@ def test_checkpoint_from_another_config_is_refused(tokenizer, tmp_path):
 def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_is_there(tokenizer, tmp_path, capsys):
     run(tokenizer, tmp_path / "run", "--steps", "4", "--checkpoint-every", "2", "--resume")
     assert f"--resume: no checkpoint in {tmp_path / 'run'} yet; starting at step 0" in capsys.readouterr().out
-    with pytest.raises(DataError, match=r"ckpt-00000004.pt is at step 4, past --steps 3"):
+    with pytest.raises(DataError, match=r"ckpt-00000004 is at step 4, past --steps 3"):
         run(tokenizer, tmp_path / "run", "--steps", "3", "--resume")
     # --tokenizer naming no file (the default, from another directory): the checkpoint's, not a new one.
     missing = tmp_path / "missing.model"
     run(tokenizer, tmp_path / "run", "--tokenizer", str(missing), "--steps", "6", "--resume")  # the last flag wins
-    assert f"ckpt-00000004.pt's tokenizer, {os.path.abspath(tokenizer)}" in capsys.readouterr().out
+    assert f"ckpt-00000004's tokenizer, {os.path.abspath(tokenizer)}" in capsys.readouterr().out
     assert not missing.exists() and final_state(tmp_path / "run")["step"] == 6
     moved = tmp_path / "moved" / "spm.model"  # the checkpoint's tokenizer gone: named, no new one trained there
     moved.parent.mkdir()
@@ -389,7 +413,10 @@ def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_i
 def test_checkpoint_holds_everything_and_loads_as_encoder(tokenizer, tmp_path):
     model = run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
     checkpoint = final_state(tmp_path)
-    assert set(checkpoint) == {"model", "config", "train_config", "optimizer", "step", "loader", "rng", "tokenizer"}
+    assert set(checkpoint) == {"model", "config", "train_config", "optimizer", "step", "loader", "rng", "tokenizer",
+                               "processes", "sha256"}
+    assert checkpoint["step"] == 2 and checkpoint["processes"] == 1 and len(checkpoint["loader"]) == 1
+    assert checkpoint["optimizer"]["state"]["head.decoder.weight"]["step"] == 2  # AdamW's state by parameter name
     assert checkpoint["train_config"]["steps"] == 2 and checkpoint["config"]["hidden_size"] == 128
     assert checkpoint["tokenizer"] == {"path": os.path.abspath(tokenizer), "sha256": Tokenizer(tokenizer).sha256}
     encoder = MaskedLM.from_checkpoint(pretrain.checkpoint_paths(tmp_path)[-1]).encoder
@@ -426,8 +453,8 @@ def test_resume_after_sigkill_is_bitwise_exact(tokenizer, tmp_path):
     assert resumed["step"] == straight["step"] == 20
     for name, tensor in straight["model"].items():
         assert torch.equal(tensor, resumed["model"][name]), f"{name} differs (killed at step {interrupted_at})"
-    for a, b in zip(straight["optimizer"]["state"].values(), resumed["optimizer"]["state"].values()):
-        assert all(torch.equal(a[k], b[k]) for k in a)
+    for name, state in straight["optimizer"]["state"].items():
+        assert all(torch.equal(state[k], resumed["optimizer"]["state"][name][k]) for k in state), name
 
 
 DRIVER = """
