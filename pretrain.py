@@ -11,20 +11,24 @@ Any config of configs.py by name, any ModelConfig field and any training option 
 as a flag; `python pretrain.py --help` lists them all. Commands:
 
   CPU:        python pretrain.py
-  one GPU:    python pretrain.py --config base-like ... (RemBERT itself needs --fsdp on more than one)
+  one GPU:    python pretrain.py --config ein128-eout768 --device cuda --data corpus/ --tokenizer spm.model \
+                  --seq-len 512 --max-predictions 80 --batch-size 64 --grad-accum 32 --num-workers 4
   8 GPUs:     torchrun --standalone --nproc_per_node=8 pretrain.py --config rembert --device cuda --fsdp \
                   --data corpus/ --tokenizer spm.model --seq-len 512 --max-predictions 80 \
                   --batch-size 16 --grad-accum 16 --num-workers 4
-  TPU VM:     PJRT_DEVICE=TPU python pretrain.py --config rembert --device xla --fsdp --data corpus/ \
+  TPU:        PJRT_DEVICE=TPU python pretrain.py --config rembert --device xla --fsdp --data corpus/ \
                   --tokenizer spm.model --seq-len 512 --max-predictions 80 --batch-size 64 --grad-accum 32
-                  (one process per host, SPMD over its chips; on a pod slice, the same command on every host)
-  continue:   the same command with --resume (from the newest intact checkpoint in --out-dir)
+                  (one process per host, SPMD over its chips: a v4-8 as shown; on a pod slice, the same
+                  command on every host, with --grad-accum divided by the hosts and --out-dir on a shared disk)
+  continue:   the same command with --resume (from the newest intact checkpoint in --out-dir; any number of
+              processes whose batch x accumulation x processes is the same)
 
 The global batch is batch_size x grad_accum x processes sequences (2048 in each command above; on XLA
 with --fsdp a process is a host); add --lr, --warmup and --steps for the run you reproduce (the defaults
-suit the tiny CPU run). Processes read disjoint shares of the corpus. A NaN/inf loss stops the run; it
-is checked at each log line, and the weights themselves before each checkpoint, so no checkpoint
-holds a bad step.
+suit the tiny CPU run). Without --fsdp every process holds the whole model: RemBERT's weights, gradients
+and AdamW's moments take 14.8 GiB in float32 before any activation, which --fsdp divides by the devices.
+Processes read disjoint shares of the corpus. A NaN/inf loss stops the run; it is checked at each log
+line, and the weights themselves before each checkpoint, so no checkpoint holds a bad step.
 """
 
 import contextlib
@@ -590,7 +594,7 @@ def train(model_config, cfg):
             if runtime.kind == "xla":
                 import torch_xla.debug.metrics as met
                 compiles = f" | xla compiles {(met.metric_data('CompileTime') or [0])[0]}"
-            log(f"step {step:>6}/{cfg.steps} | loss {loss:.4f} | mlm acc {correct / max(count, 1.0):.3f} "
+            log(f"step {step:>6}/{cfg.steps} | loss {loss:.6f} | mlm acc {correct / max(count, 1.0):.3f} "
                 f"| lr {lr:.2e} | {tokens_per_step / seconds_per_step:,.0f} tok/s "
                 f"| left {(cfg.steps - step) * seconds_per_step / 60:.1f} min{compiles}")
             last_log, last_step = time.time(), step

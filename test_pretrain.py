@@ -7,6 +7,7 @@ import io
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -427,11 +428,14 @@ def test_checkpoint_holds_everything_and_loads_as_encoder(tokenizer, tmp_path):
 def test_compiled_run_matches_eager_and_saves_plain_weights(tokenizer, tmp_path):
     """--compile (torch.compile, ~30 s of compiling here) trains the same model as eager mode, and
     its checkpoints hold the plain module's names, so they load and resume without it."""
-    eager = run(tokenizer, tmp_path / "eager", "--steps", "3", "--num-layers", "1")
-    compiled = run(tokenizer, tmp_path / "compiled", "--steps", "3", "--num-layers", "1", "--compile")
+    coupled = ["--tie-embeddings", "--input-embedding-size", "64", "--output-embedding-size", "64"]
+    eager = run(tokenizer, tmp_path / "eager", "--steps", "3", "--num-layers", "1", *coupled)
+    compiled = run(tokenizer, tmp_path / "compiled", "--steps", "3", "--num-layers", "1", "--compile", *coupled)
     for (name, a), (_, b) in zip(eager.state_dict().items(), compiled.state_dict().items()):
         torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4, msg=name)
-    assert final_state(tmp_path / "compiled")["model"].keys() == eager.state_dict().keys()
+    saved = final_state(tmp_path / "compiled")["model"]
+    assert saved.keys() == eager.state_dict().keys()
+    assert torch.equal(saved["head.decoder.weight"], saved["encoder.embeddings.word_embeddings.weight"])  # coupled
 
 
 def test_resume_after_sigkill_is_bitwise_exact(tokenizer, tmp_path):
@@ -470,7 +474,8 @@ torch.save(model.state_dict(), os.path.join(train_config.out_dir, "rank%s.pt" % 
 def test_torchrun_two_processes_match_one_process_with_the_global_batch(tokenizer, tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(repo=str(REPO)))
-    common = ["--steps", "3", "--checkpoint-every", "3", "--grad-accum", "2"]
+    common = ["--steps", "3", "--checkpoint-every", "3", "--grad-accum", "2", "--tie-embeddings",  # (coupled)
+              "--input-embedding-size", "64", "--output-embedding-size", "64"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                     str(driver), *tiny_args(tokenizer, tmp_path / "ddp", *common, "--batch-size", "2")],
@@ -482,12 +487,73 @@ def test_torchrun_two_processes_match_one_process_with_the_global_batch(tokenize
     for name in one:
         assert torch.equal(rank0[name], rank1[name]), name
         torch.testing.assert_close(rank0[name], one[name], rtol=1e-4, atol=1e-5, msg=name)
+    saved = final_state(tmp_path / "ddp")["model"]
+    assert torch.equal(saved["head.decoder.weight"], saved["encoder.embeddings.word_embeddings.weight"])  # coupled
     # The two processes read disjoint shards.
     tok = Tokenizer(tokenizer)
     shards = [MLMLoader(str(REPO / "sample_data"), tok, batch_size=2, seq_len=32, max_predictions=5, rank=r,
                         world_size=2, seed=0) for r in (0, 1)]
     rows = [{tuple(row.tolist()) for batch in zip(range(10), shard) for row in batch[1]["input_ids"]} for shard in shards]
     assert rows[0] and rows[1] and not rows[0] & rows[1]
+
+
+def torchrun(tokenizer, out_dir, *extra, processes=2):
+    """pretrain.py under torchrun on CPU (gloo): its log. gloo may abort at exit after the run has finished, so the
+    run is judged by its output, not its exit code."""
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
+                          "pretrain.py", *tiny_args(tokenizer, out_dir, *extra)], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert "done:" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
+    return run.stdout
+
+
+def resumed_from(source, step, out_dir):
+    """out_dir holding the checkpoint of `source` at `step` alone, as a run interrupted after it leaves it."""
+    shutil.copytree(Path(source) / f"ckpt-{step:08d}", Path(out_dir) / f"ckpt-{step:08d}")
+    return out_dir
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenizer, tmp_path, tied):
+    """--fsdp (FSDP2 on gloo) computes the one-process run at the same global batch (4 x 1 x 1 = 2 x 1 x 2);
+    its checkpoint, sharded in two, resumes on two processes bitwise and on one (and a one-process checkpoint
+    on two) within float32's rounding."""
+    common = ["--steps", "6", "--checkpoint-every", "3", "--keep", "2", "--grad-accum", "2", "--warmup", "2"]
+    if tied:
+        common += ["--tie-embeddings", "--input-embedding-size", "64", "--output-embedding-size", "64"]
+    one = run_script(tokenizer, tmp_path / "one", *common, "--batch-size", "4",
+                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+    fsdp = torchrun(tokenizer, tmp_path / "fsdp", *common, "--batch-size", "2", "--fsdp")
+    assert "2 process(es), weights sharded (FSDP2)" in fsdp
+    assert logged(fsdp, "loss") == pytest.approx(logged(one, "loss"), rel=1e-5)
+    shards = sorted(p.name for p in (tmp_path / "fsdp" / "ckpt-00000006").iterdir())
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "checkpoint.json"]  # each process its own
+    straight = final_state(tmp_path / "fsdp")
+    if tied:  # one matrix, in and out, whatever the sharding
+        assert torch.equal(straight["model"]["head.decoder.weight"],
+                           straight["model"]["encoder.embeddings.word_embeddings.weight"])
+        model = MaskedLM.from_checkpoint(str(tmp_path / "fsdp" / "ckpt-00000006"))
+        assert model.head.decoder.weight is model.encoder.embeddings.word_embeddings.weight
+        return
+    # The same number of processes: bitwise the uninterrupted run.
+    again = torchrun(tokenizer, resumed_from(tmp_path / "fsdp", 3, tmp_path / "again"), *common, "--batch-size", "2",
+                     "--fsdp", "--resume")
+    resumed = final_state(tmp_path / "again")
+    assert all(torch.equal(straight["model"][k], resumed["model"][k]) for k in straight["model"])
+    assert logged(again, "loss") == logged(fsdp, "loss")[3:]
+    # 2 -> 1 (twice the accumulation, then without --fsdp) and 1 -> 2.
+    for out, run, source, reference in (
+            ("two-to-one", lambda *a: run_script(tokenizer, *a, env={**os.environ, "OMP_NUM_THREADS": "1"}),
+             "fsdp", fsdp),
+            ("one-to-two", lambda *a: torchrun(tokenizer, *a, "--fsdp"), "one", one)):
+        batch = ["--batch-size", "4"] if out == "two-to-one" else ["--batch-size", "2"]
+        log = run(resumed_from(tmp_path / source, 3, tmp_path / out), *common, *batch, "--resume")
+        assert "was written by" in log and "resumed from" in log and "at step 3" in log
+        assert logged(log, "loss") == pytest.approx(logged(reference, "loss")[3:], rel=1e-5)
+    with pytest.raises(subprocess.CalledProcessError) as refused:  # another global batch: refused by name
+        run_script(tokenizer, resumed_from(tmp_path / "fsdp", 3, tmp_path / "other"), *common, "--batch-size", "2",
+                   "--resume")
+    assert "global_batch 8 then, 4 now" in refused.value.stderr
 
 
 def xla_python():
@@ -508,6 +574,22 @@ def test_running_out_of_xla_memory_is_said_first():
     out = subprocess.run([xla_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "PJRT_DEVICE": "CPU"})
     assert out.returncode != 0 and out.stderr.startswith("-c: error: out of memory (Out of memory"), out.stderr
+
+
+def test_a_coupled_model_stays_coupled_on_xla_and_spmd_fsdp_is_the_one_device_run(tokenizer, tmp_path):
+    """Moved to an XLA device, a coupled model's one matrix became two (trained apart); SPMD with FSDPv2's
+    sharding over 4 CPU devices computes what one device does."""
+    common = ["--steps", "4", "--checkpoint-every", "2", "--log-every", "1", "--tie-embeddings",
+              "--input-embedding-size", "64", "--output-embedding-size", "64", "--device", "xla"]
+    env = {**os.environ, "PJRT_DEVICE": "CPU"}
+    one = run_script(tokenizer, tmp_path / "one", *common, python=xla_python(), env=env)
+    spmd = run_script(tokenizer, tmp_path / "spmd", *common, "--fsdp", python=xla_python(),
+                      env={**env, "CPU_NUM_DEVICES": "4"})
+    assert "weights sharded (SPMD)" in spmd
+    assert logged(spmd, "loss") == pytest.approx(logged(one, "loss"), rel=1e-5)
+    for run in ("one", "spmd"):
+        weights = final_state(tmp_path / run)["model"]
+        assert torch.equal(weights["head.decoder.weight"], weights["encoder.embeddings.word_embeddings.weight"]), run
 
 
 def logged(stdout, field):
