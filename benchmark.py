@@ -15,7 +15,7 @@ device's dense bf16 peak. transformers' RemBERT has only eager attention, so tha
 
   python benchmark.py model --config ein128-eout768 --batch-size 8 --phases pretrain  # base-like, CPU
   python benchmark.py model --config ein128-eout768 --device cuda --batch-size 256 --steps 20 --compile
-  python benchmark.py loader --data ../shared/data/corpus/tatoeba --seconds 120 --num-workers 1
+  python benchmark.py loader --data data/corpus --seconds 120 --num-workers 1
 """
 
 import glob

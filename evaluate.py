@@ -12,10 +12,10 @@ scripts' figures to the last digit (figures in percent, as those scripts print t
                        normalization
 
 `python finetune.py predict` writes the prediction files that `score` reads:
-  python evaluate.py score --task xquad --gold ../shared/data/xquad/xquad.de.json --predictions pred.json
+  python evaluate.py score --task xquad --gold data/xquad/xquad.de.json --predictions pred.json
   python evaluate.py score --task mlqa --lang zh --gold dev-context-zh-question-zh.json --predictions pred.json
-  python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-00000800.pt --data held_out.txt
-  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800.pt  # XQuAD en -> de
+  python evaluate.py mlm-accuracy --checkpoint out/pretrain/ckpt-00000800 --data held_out.txt
+  python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800  # XQuAD en -> de
 """
 
 import itertools
@@ -402,9 +402,6 @@ def read_parallel(source_path, target_path, unit="questions"):
 
 # ---------------------------------------------------------------------------------------------------
 
-XQUAD = Path(__file__).resolve().parent.parent / "shared" / "data" / "xquad"
-
-
 @dataclass
 class ScoreConfig:
     """score a prediction file against a gold file; prints one JSON object (figures in percent)"""
@@ -444,9 +441,9 @@ class ProbeConfig:
     """per-layer nearest-neighbour translation accuracy (Figure 2's method)"""
     checkpoint: str = flag("", "a pretrain.py checkpoint or a Hugging Face RemBERT dir", GIVEN)
     tokenizer: str = flag("", "SentencePiece model (default: the checkpoint's)")
-    source: str = flag(str(XQUAD / "xquad.en.json"), "source sentences: SQuAD-format JSON, or a text file "
-                                                     "line-parallel to --target")
-    target: str = flag(str(XQUAD / "xquad.de.json"), "target sentences, parallel")
+    source: str = flag("data/xquad/xquad.en.json", "source sentences: SQuAD-format JSON, or a text file "
+                                                  "line-parallel to --target")
+    target: str = flag("data/xquad/xquad.de.json", "target sentences, parallel")
     unit: str = flag("questions", "JSON: pair the questions (by id) or the contexts",
                      one_of(("questions", "contexts")))
     max_len: int = flag(128, "tokens per sentence, with [CLS] and [SEP]", at_least(3))
@@ -454,7 +451,10 @@ class ProbeConfig:
     seed: int = flag(0, "seed of the fit/test split of the pairs", SEED)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
-    __post_init__ = check_flags
+    def __post_init__(self):
+        check_flags(self)
+        if missing := next((f for f in (self.source, self.target) if not Path(f).is_file()), None):
+            raise ValueError(f"{missing}: no such file (XQuAD: the README's \"Data\" section says where to get it)")
 
 
 def main(argv=None):

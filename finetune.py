@@ -9,16 +9,16 @@ pre-training-only layers and MLM head, as in the paper.
 Defaults follow Appendix A.3 (Tables 10 and 15). The table reported (stdout, --out-dir/results.json) is the mean
 over --seeds of the rate with the best average of the task's first metric, as the paper reports its dev sets.
 
-  CPU:      python finetune.py --task panx --init out/pretrain/ckpt-00000800.pt --lr 1e-3 --epochs 10 \
-                --train ../shared/data/ner/panx/train-en.tsv --eval ../shared/data/ner/panx/dev-*.tsv
+  CPU:      python finetune.py --task panx --init out/pretrain/ckpt-00000800 --lr 3e-3 --epochs 3 \
+                --batch-size 16 --train data/panx/train-en.tsv --eval data/panx/dev-*.tsv
   one GPU:  python finetune.py --task xnli --init rembert/ --device cuda --seeds 1 2 3 \
-                --train multinli.train.en.tsv --eval XNLI-1.0/xnli.dev.tsv
+                --train data/xnli/train-en.tsv --eval data/xnli/dev-*.tsv
   torchrun: torchrun --standalone --nproc_per_node=8 finetune.py --task xquad --init rembert/ \
-                --device cuda --train train-v1.1.json --eval xquad/xquad.*.json
+                --device cuda --train data/squad/train-v1.1.json --eval data/xquad/xquad.*.json
   TPU VM:   PJRT_DEVICE=TPU python finetune.py --task xnli --init rembert/ --device xla \
-                --train multinli.train.en.tsv --eval xnli/dev-*.tsv
-  predict:  python finetune.py predict --model out/finetune/lr-0.001/seed-0 --task panx \
-                --input ../shared/data/ner/panx/test-de.tsv --output pred-de.tsv
+                --train data/xnli/train-en.tsv --eval data/xnli/dev-*.tsv
+  predict:  python finetune.py predict --model out/finetune/lr-0.003/seed-0 --task panx \
+                --input data/panx/test-de.tsv --output pred-de.tsv
 """
 
 import copy

@@ -4,57 +4,69 @@ embeddings, pre-trained on the same multilingual text for the same number of tok
 
   coupling (Table 2)        coupled vs decoupled input and output embeddings, E_in = E_out = H;
   output size (Table 4)     E_in small and fixed, E_out = H/4, H and 4H;
-  extra layers (Table 5)    E_out = H/4 plus pre-training-only layers of about E_out = H's parameters;
+  extra layers (Table 5)    E_out = H/4 plus pre-training-only layers;
 
-each with --seeds seeds, measured by held-out masked-LM accuracy (Table 8), zero-shot cross-lingual
-transfer from English on PAN-X and XNLI (Tables 2, 4, 5), PAN-X transfer with the last layers removed
-before fine-tuning (Figure 1), and per-layer en->de nearest-neighbour translation accuracy on XQuAD's
-parallel questions (Figure 2). The grid (PRESETS) was fixed beforehand, not chosen by looking at results.
+each with --seeds seeds, measured by held-out masked-LM loss and accuracy along pre-training (Table 8's
+measure, as learning curves), zero-shot cross-lingual transfer from English on PAN-X (Tables 2, 4, 5)
+and per-layer en->de nearest-neighbour translation accuracy on XQuAD's parallel questions (Figure 2).
 
-It writes to --out-dir: results.json (every number of every seed, saved after each model, so an
-interrupted run resumes), results.md (mean ± standard deviation over seeds, beside the paper's
-figures), figure1.png and figure2.png. --data: Tatoeba's 113 languages and two novels, a tenth of
-every file held out for Table 8; --tasks: PAN-X, XNLI, XQuAD.
+Every run is checked before it counts: a model whose held-out loss stays within 0.1 nats of a unigram
+model's (it predicts piece frequencies, nothing more) is marked collapsed and left out of every mean.
+Beside the models: the unigram model, a randomly initialised encoder fine-tuned alike, and a tagger
+that gives each word its most frequent English tag. The settings of a preset were fixed for every model
+of the comparison at once, chosen so that the largest E_out and the deepest output side train soundly.
 
-  python reproduce.py                            # the cpu preset: about an hour on 2 CPU cores
-  python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, a few minutes
-  python reproduce.py --device cuda              # the gpu preset: larger models, longer pre-training
+It writes to --out-dir: results.json (every number of every run, the curves, saved after each run, so
+that an interrupted reproduction resumes), results.md (the tables and the claims, each step of the
+comparison set against the spread over seeds), curves.png and figure2.png. The data (README, "Data"):
+--data, plain-text corpus files (a tenth of each held out); --panx and --xquad as XTREME's download
+script leaves them.
+
+  python reproduce.py                            # the cpu preset: under an hour on 2 CPU cores
+  python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, about a minute
+  python reproduce.py --device cuda              # the gpu preset: larger models, ten times the tokens
 """
 
 import contextlib
 import glob
 import importlib.util
 import itertools
+import multiprocessing
 import os
+import shutil
 import statistics
 import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
+
+import torch
 
 import data
 import evaluate
 import finetune
 import pretrain
 from configs import GIVEN, MBERT, at_least, check_flags, flag, parse_command_line, resolve_device, run_script
-from model import DataError, count_parameters
+from model import DataError, Encoder, MaskedLM, count_parameters, save_hf
 
-SHARED = Path(__file__).resolve().parent.parent / "shared" / "data"
+REPO = Path(__file__).resolve().parent
 PANX_LANGS = ("de", "en", "es", "nl", "pl", "ru")
-XNLI_LANGS = ("ar", "bg", "de", "el", "en", "es", "fr", "hi", "ru", "sw", "th", "tr", "ur", "vi", "zh")
+MARGIN = 0.1  # nats: a run whose held-out loss is not this far below the unigram model's has collapsed
 
 PRESETS = {
     "quick": dict(hidden=64, layers=2, heads=2, small=16, extra_layers=2, vocab=2000, seq_len=64, batch_size=16,
-                  steps=40, lr=2e-3, finetune_lr=5e-4, epochs=1, max_train=160, max_eval=40, figure1_layers=[1],
-                  probe_pairs=200, seeds=1),
-    # Its rate and length were set on the decoupled model alone, before any comparison ran, so that its
-    # masked-LM loss falls below the corpus's unigram entropy (7.3 nats) within the time budget.
+                  steps=40, warmup=10, lr=1e-3, eval_every=20, eval_batches=4, finetune_lr=3e-3, epochs=1,
+                  finetune_batch=16, finetune_seq_len=64, max_train=200, max_eval=50, probe_pairs=200, seeds=1),
+    # Chosen so that E_out 4H and the 4 pre-training-only layers train soundly (with 45 warm-up steps at 2e-3
+    # both collapsed), and so that the whole preset fits an hour on 2 cores: 3.3M tokens per model.
     "cpu": dict(hidden=64, layers=4, heads=2, small=16, extra_layers=4, vocab=8000, seq_len=128, batch_size=32,
-                steps=450, lr=2e-3, finetune_lr=5e-4, epochs=3, max_train=0, max_eval=0, figure1_layers=[1, 2, 3],
-                probe_pairs=0, seeds=3),
+                steps=800, warmup=200, lr=1e-3, eval_every=100, eval_batches=20, finetune_lr=3e-3, epochs=3,
+                finetune_batch=16, finetune_seq_len=96, max_train=0, max_eval=0, probe_pairs=0, seeds=2),
     "gpu": dict(hidden=256, layers=6, heads=4, small=64, extra_layers=6, vocab=16000, seq_len=128, batch_size=128,
-                steps=6000, lr=1e-3, finetune_lr=2e-4, epochs=3, max_train=0, max_eval=0,
-                figure1_layers=[1, 2, 3, 4, 5], probe_pairs=0, seeds=3),
+                steps=2000, warmup=400, lr=5e-4, eval_every=250, eval_batches=20, finetune_lr=1e-3, epochs=3,
+                finetune_batch=32, finetune_seq_len=96, max_train=0, max_eval=0, probe_pairs=0, seeds=2),
 }
 
 
@@ -71,21 +83,22 @@ def models(p):
                                                                   pretraining_only_layers=p.extra_layers)}
 
 
-# The paper's rows (mBERT-sized, 26B tokens) in the order of models(): (row, XNLI acc., NER F1, Table 8's MLM acc.).
-PAPER = [("Table 2, coupled (E 768)", 70.7, 69.2, 61.1), ("Table 2, decoupled (E 768)", 71.3, 68.9, 61.6),
-         ("Table 4, E_out 128", 68.1, 65.2, 59.0), ("Table 4, E_out 768", 70.4, 67.6, 60.7),
-         ("Table 4, E_out 3072", 71.1, 68.1, 62.3), ("Table 5, E_out 128 + 11 layers", 71.2, 67.3, "-")]
+RANDOM = "random init"  # the E_in-small encoder, fine-tuned from its initialisation
+# The paper's rows (mBERT-sized, 26B tokens) in the order of models(): (row, NER F1, Table 8's MLM acc.).
+PAPER = [("Table 2, coupled", 69.2, 61.1), ("Table 2, decoupled", 68.9, 61.6), ("Table 4, E_out 128", 65.2, 59.0),
+         ("Table 4, E_out 768", 67.6, 60.7), ("Table 4, E_out 3072", 68.1, 62.3),
+         ("Table 5, E_out 128 + 11 layers", 67.3, "-")]
 
 
 @dataclass
 class ReproduceConfig:
-    data: str = flag(str(SHARED / "corpus"), "pre-training text: a directory of *.txt files, searched recursively",
-                     GIVEN)
-    tasks: str = flag(str(SHARED), "task data: ner/panx, xnli, xquad as in ../shared/data", GIVEN)
-    out_dir: str = flag("out/reproduce", "results, plots and every model", GIVEN)
+    data: str = flag("data/corpus", "pre-training text: a directory of *.txt files, searched recursively", GIVEN)
+    panx: str = flag("data/panx", "PAN-X: train-en.tsv and dev-{de,en,es,nl,pl,ru}.tsv", GIVEN)
+    xquad: str = flag("data/xquad", "XQuAD: xquad.en.json and xquad.de.json", GIVEN)
+    out_dir: str = flag("out/reproduce", "results, figures and every model", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda (cuda runs the gpu preset)",
                        (lambda v: v in ("auto", "cpu", "cuda") and resolve_device(v), "auto, cpu or cuda"))
-    quick: bool = flag(False, "the tiny preset: the whole pipeline in a few minutes")
+    quick: bool = flag(False, "the tiny preset: the whole pipeline in about a minute")
     seeds: int = flag(0, "seeds per model (0: the preset's)", at_least(0))
 
     def __post_init__(self):
@@ -94,11 +107,13 @@ class ReproduceConfig:
             raise ValueError("reproduce.py draws its figures with matplotlib: pip install matplotlib")
         if (os.path.realpath(self.out_dir) + os.sep).startswith(os.path.realpath(self.data) + os.sep):
             raise ValueError("--out-dir is inside --data: its copies of the corpus would be read as more corpus")
-        files = ["ner/panx/train-en.tsv", "xquad/xquad.en.json", "xquad/xquad.de.json",
-                 *(f"ner/panx/dev-{lang}.tsv" for lang in PANX_LANGS), *(f"xnli/dev-{lang}.tsv" for lang in XNLI_LANGS)]
-        if missing := [f for f in files if not os.path.isfile(os.path.join(self.tasks, f))]:
-            raise ValueError(f"--tasks {self.tasks} has no {missing[0]} (it needs ner/panx, xnli, xquad as "
-                             f"../shared/data has them)")
+        needed = {"data": [], "panx": ["train-en.tsv", *(f"dev-{lang}.tsv" for lang in PANX_LANGS)],
+                  "xquad": ["xquad.en.json", "xquad.de.json"]}
+        for flag_name, files in needed.items():
+            folder = getattr(self, flag_name)
+            if missing := [f for f in ["", *files] if not os.path.exists(os.path.join(folder, f))]:
+                raise ValueError(f"--{flag_name} {folder} has no {missing[0] or 'such directory'}; the README's "
+                                 f"\"Data\" section says where to get it")
 
 
 def split_corpus(source, out):
@@ -121,84 +136,216 @@ def split_corpus(source, out):
     return os.path.join(out, "train"), os.path.join(out, "heldout")
 
 
-def run_seed(name, seed, p, cfg, corpus, tokenizer_file):
-    """Pre-train one model with one seed, then measure it: {measure: value}."""
+# ----------------------------------------------------------------------------------------------
+# The baselines: what a model learns from frequencies alone
+
+def heldout_batches(p, corpus, tokenizer):
+    """The held-out masked-LM batches every model is scored on (drawn as pre-training draws them)."""
+    loader = data.MLMLoader(corpus[1], tokenizer, batch_size=p.batch_size, seq_len=p.seq_len,
+                            max_predictions=round(0.15 * p.seq_len), seed=10_000)
+    return list(itertools.islice(loader, p.eval_batches))
+
+
+def unigram_baseline(p, corpus, tokenizer, heldout):
+    """Held-out loss and accuracy of the unigram model of the pre-training stream (piece frequencies among its
+    masked targets, add-0.5 smoothed): where a model that learned no context stays."""
+    loader = data.MLMLoader(corpus[0], tokenizer, batch_size=p.batch_size, seq_len=p.seq_len,
+                            max_predictions=round(0.15 * p.seq_len), seed=20_000)
+    counts = torch.full((tokenizer.vocab_size,), 0.5, dtype=torch.float64)
+    for batch in itertools.islice(loader, 10 * p.eval_batches):
+        counts.index_add_(0, batch["masked_ids"].flatten(), batch["masked_weights"].flatten().double())
+    log_p = (counts / counts.sum()).log()
+    ids = torch.cat([b["masked_ids"][b["masked_weights"] > 0] for b in heldout])
+    return {"loss": -log_p[ids].mean().item(), "accuracy": 100.0 * (ids == counts.argmax()).double().mean().item()}
+
+
+def majority_tagger(p, panx):
+    """PAN-X F1 of tagging each word with its most frequent tag in the English training file ("O" if unseen)."""
+    train = data.read_tagging(os.path.join(panx, "train-en.tsv"))[:p.max_train or None]
+    tags = {}
+    for word, tag in ((w, t) for e in train for w, t in zip(e.tokens, e.labels)):
+        tags.setdefault(word, Counter())[tag] += 1
+    scores = {}
+    for lang in PANX_LANGS:
+        dev = data.read_tagging(os.path.join(panx, f"dev-{lang}.tsv"))[:p.max_eval or None]
+        predicted = [[tags[w].most_common(1)[0][0] if w in tags else "O" for w in e.tokens] for e in dev]
+        scores[lang] = evaluate.ner_scores([e.labels for e in dev], predicted)["f1"]
+    return panx_summary(scores)
+
+
+def panx_summary(f1):
+    """{language: F1} -> the English F1, the zero-shot mean over the other languages, and every language's."""
+    others = [v for lang, v in f1.items() if lang != "en"]
+    return {"en": f1["en"], "zero_shot": sum(others) / len(others), "languages": f1}
+
+
+# ----------------------------------------------------------------------------------------------
+# One run: pre-training with held-out scores along the way, fine-tuning, the probe
+
+def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
+    """Pre-train model `name` with `seed` (or, for RANDOM, initialise it), then measure it: {measure: value}."""
+    torch.set_num_threads(threads)
     run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
     os.makedirs(run_dir, exist_ok=True)
-    train_config = pretrain.TrainConfig(
-        data=corpus[0], tokenizer=tokenizer_file, out_dir=os.path.join(run_dir, "pretrain"), device=cfg.device,
-        seq_len=p.seq_len, max_predictions=round(0.15 * p.seq_len), batch_size=p.batch_size, steps=p.steps,
-        warmup=p.steps // 10, lr=p.lr, log_every=max(1, p.steps // 20), checkpoint_every=p.steps, seed=seed,
-        resume=True)
-    with open(os.path.join(run_dir, "pretrain.log"), "w") as log, contextlib.redirect_stdout(log):  # not on screen
-        model = pretrain.train(models(p)[name], train_config)
-    checkpoint = pretrain.checkpoint_paths(train_config.out_dir)[-1]
-
-    def transfer(task, keep=0):
-        """Fine-tuned on English (PAN-X's train file; XNLI's first 80% of dev-en): the other languages' mean, en's."""
-        folder, train, fraction, langs = {"panx": ("ner/panx", "train-en.tsv", 1.0, PANX_LANGS),
-                                          "xnli": ("xnli", "dev-en.tsv", 0.8, XNLI_LANGS)}[task]
-        ft = finetune.FinetuneConfig(
-            task=task, init=checkpoint, tokenizer=tokenizer_file, train=os.path.join(cfg.tasks, folder, train),
-            eval=[os.path.join(cfg.tasks, folder, f"dev-{lang}.tsv") for lang in langs], train_fraction=fraction,
-            max_train=p.max_train, max_eval=p.max_eval, out_dir=os.path.join(run_dir, f"{task}-{keep}"),
-            device=cfg.device, lr=[p.finetune_lr], epochs=p.epochs, seeds=[seed], keep_layers=keep, resume=True)
-        with open(os.path.join(run_dir, f"{task}-{keep}.log"), "w") as log, contextlib.redirect_stdout(log):
-            table = finetune.run(ft)
-        metric = finetune.TASKS[task].metrics[0]
-        others = [row[metric] for lang, row in table.items() if lang not in ("en", "average")]
-        return {"transfer": sum(others) / len(others), "en": table["en"][metric]}
-
-    tokenizer = data.Tokenizer(tokenizer_file)
-    heldout = data.MLMLoader(corpus[1], tokenizer, batch_size=p.batch_size, seq_len=p.seq_len,
-                             max_predictions=train_config.max_predictions, seed=10_000)
-    accuracy = evaluate.mlm_accuracy(model.to(cfg.device), itertools.islice(heldout, 20), cfg.device)["accuracy"]
-    result = {"parameters": count_parameters(model), "mlm_accuracy": accuracy, "panx": transfer("panx"),
-              "xnli": transfer("xnli")}
-    if name.startswith("E_out") and "layers" not in name:  # Figure 1: one curve per E_out
-        result["figure1"] = {str(keep): transfer("panx", keep)["transfer"] for keep in p.figure1_layers}
-        result["figure1"][str(p.layers)] = result["panx"]["transfer"]
-    pairs = evaluate.read_parallel(*(Path(cfg.tasks) / f"xquad/xquad.{lang}.json" for lang in ("en", "de")))
-    source, target = ([tokenizer.encode(t) for t in side[:p.probe_pairs or None]] for side in pairs)
-    result["figure2"] = evaluate.translation_probe(model.encoder.to(cfg.device), source, target, tokenizer.cls_id,
-                                                   tokenizer.sep_id, tokenizer.pad_id, device=cfg.device)
+    log = open(os.path.join(run_dir, "log.txt"), "a")
+    result = {}
+    with log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+        tokenizer = data.Tokenizer(tokenizer_file)
+        if name == RANDOM:
+            torch.manual_seed(seed)
+            init = os.path.join(run_dir, "init")
+            save_hf(Encoder(models(p)[f"E_out {p.hidden}"]), init)
+            shutil.copyfile(tokenizer_file, os.path.join(init, "sentencepiece.model"))
+        else:
+            train_config = pretrain.TrainConfig(
+                data=corpus[0], tokenizer=tokenizer_file, out_dir=os.path.join(run_dir, "pretrain"), device=cfg.device,
+                seq_len=p.seq_len, max_predictions=round(0.15 * p.seq_len), batch_size=p.batch_size, steps=p.steps,
+                warmup=p.warmup, lr=p.lr, log_every=max(1, p.eval_every // 5), checkpoint_every=p.eval_every,
+                keep=p.steps // p.eval_every + 1, seed=seed, resume=True)
+            model = pretrain.train(models(p)[name], train_config)
+            result["parameters"] = count_parameters(model)
+            checkpoints, curve = pretrain.checkpoint_paths(train_config.out_dir), os.path.join(run_dir, "curve.json")
+            if not os.path.exists(curve):  # [tokens seen, held-out loss, held-out accuracy] at every checkpoint
+                scores = [evaluate.mlm_accuracy(MaskedLM.from_checkpoint(path).to(cfg.device), heldout, cfg.device)
+                          for path in checkpoints]
+                data.write_json(curve, [[int(os.path.basename(path)[5:]) * p.batch_size * p.seq_len, s["loss"],
+                                         s["accuracy"]] for path, s in zip(checkpoints, scores)])
+            result["curve"] = evaluate.read_json(curve)
+            for path in checkpoints[:-1]:  # (scored: only the last is fine-tuned)
+                shutil.rmtree(path)
+            init = checkpoints[-1]
+            pairs = evaluate.read_parallel(*(os.path.join(cfg.xquad, f"xquad.{lang}.json") for lang in ("en", "de")))
+            source, target = ([tokenizer.encode(t) for t in side[:p.probe_pairs or None]] for side in pairs)
+            result["figure2"] = evaluate.translation_probe(model.encoder.to(cfg.device), source, target,
+                                                           tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
+                                                           device=cfg.device)
+        table = finetune.run(finetune.FinetuneConfig(
+            task="panx", init=init, tokenizer=tokenizer_file, train=os.path.join(cfg.panx, "train-en.tsv"),
+            eval=[os.path.join(cfg.panx, f"dev-{lang}.tsv") for lang in PANX_LANGS], max_train=p.max_train,
+            max_eval=p.max_eval, out_dir=os.path.join(run_dir, "panx"), device=cfg.device, lr=[p.finetune_lr],
+            epochs=p.epochs, batch_size=p.finetune_batch, seq_len=p.finetune_seq_len, seeds=[seed], resume=True))
+    result["panx"] = panx_summary({lang: table[lang]["f1"] for lang in PANX_LANGS})
     return result
 
+
+# ----------------------------------------------------------------------------------------------
+# The report: the tables, the claims against the spread, the figures
 
 def mean_std(values):
     return statistics.mean(values), statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def summarize(results, p, out_dir):
-    """results.md (the table) and figure1.png, figure2.png (one curve per E_out)."""
+def final(run, key):  # the held-out loss (1) or accuracy (2) at the end of pre-training
+    return run["curve"][-1][{"loss": 1, "accuracy": 2}[key]]
+
+
+def sound(results, name):
+    return [run for run in results.get(name, {}).values() if not run.get("collapsed")]
+
+
+def compare(results, a_name, b_name, value):
+    """(mean of b - mean of a, twice the larger standard deviation) of value(run) over the sound runs; None with
+    fewer than two sound runs of either."""
+    a, b = ([value(run) for run in sound(results, name)] for name in (a_name, b_name))
+    if len(a) < 2 or len(b) < 2:
+        return None
+    (mean_a, sd_a), (mean_b, sd_b) = mean_std(a), mean_std(b)
+    return mean_b - mean_a, 2 * max(sd_a, sd_b)
+
+
+def claims(results, p):
+    """The paper's comparisons as measured here: (claim, each step's difference against twice the larger standard
+    deviation, verdict). "visible": every step goes the paper's way by more than that; "opposite": every step
+    the other way by more; else "within the spread"."""
+    sizes = [f"E_out {p.small}", f"E_out {p.hidden}", f"E_out {4 * p.hidden}"]
+    extra = f"E_out {p.small} + {p.extra_layers} layers"
+    lower_loss, accuracy = (lambda run: -final(run, "loss")), (lambda run: final(run, "accuracy"))
+    transfer = lambda run: run["panx"]["zero_shot"]  # noqa: E731
+    rows = []
+    for claim, pairs, value, unit in (
+            ("E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)", zip(sizes, sizes[1:]), lower_loss,
+             "nats lower"),
+            ("E_out H/4 -> H -> 4H: held-out MLM accuracy rises (Table 8)", zip(sizes, sizes[1:]), accuracy, "points"),
+            ("E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)", zip(sizes, sizes[1:]), transfer, "F1"),
+            ("coupled -> decoupled: held-out MLM accuracy rises (Table 8)", [("coupled", "decoupled")], accuracy,
+             "points"),
+            ("coupled -> decoupled: PAN-X zero-shot F1 (Table 2: -0.3)", [("coupled", "decoupled")], transfer, "F1"),
+            (f"+{p.extra_layers} pre-training-only layers: held-out MLM loss falls", [(sizes[0], extra)], lower_loss,
+             "nats lower"),
+            (f"+{p.extra_layers} pre-training-only layers: PAN-X zero-shot F1 rises (Table 5)", [(sizes[0], extra)],
+             transfer, "F1")):
+        steps = [compare(results, a, b, value) for a, b in pairs]
+        verdict = ("not measured (collapsed runs, or one seed)" if None in steps else
+                   "visible" if all(s[0] > s[1] for s in steps) else
+                   "opposite" if all(-s[0] > s[1] for s in steps) else "within the spread")
+        rows.append((claim, "; ".join("n/a" if s is None else f"{s[0]:+.2f} {unit} (2 sd {s[1]:.2f})"
+                                      for s in steps), verdict))
+    return rows
+
+
+def summarize(results, baselines, p, out_dir, preset):
+    """results.md: the baselines, one row per model (mean ± standard deviation over its sound runs), the claims;
+    curves.png (held-out loss and accuracy against tokens seen, the band spanning the seeds) and figure2.png."""
     import matplotlib.pyplot as plt
     plt.switch_backend("Agg")
-    lines = [f"Mean ± standard deviation over {p.seeds} seed(s); H {p.hidden}, "
-             f"{p.layers} layers, {p.steps} pre-training steps of {p.batch_size} x {p.seq_len} tokens. Zero-shot: "
-             "the average over the languages other than English. The paper: XTREME's averages, mBERT-sized.", "",
-             "| model | PT / FT params | MLM acc. | PAN-X F1 zero-shot | PAN-X F1 en | XNLI acc. zero-shot "
-             "| XNLI acc. en | paper: row | XNLI | NER F1 | MLM acc. |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    tokens = p.steps * p.batch_size * p.seq_len
+    cell = lambda values: "{:.2f} ± {:.2f}".format(*mean_std(values)) if values else "-"  # noqa: E731
+    lines = [f"Preset {preset}: H {p.hidden}, {p.layers} layers, E_in {p.small} (or H), a {p.vocab}-piece vocabulary; "
+             f"{p.steps} pre-training steps of {p.batch_size} x {p.seq_len} pieces ({tokens / 1e6:.1f}M tokens, lr "
+             f"{p.lr:g}, {p.warmup} warm-up steps); PAN-X fine-tuned on English ({p.epochs} epochs, lr "
+             f"{p.finetune_lr:g}, batch {p.finetune_batch}, {p.finetune_seq_len} pieces), zero-shot: the mean over "
+             f"{', '.join(lang for lang in PANX_LANGS if lang != 'en')}. Mean ± standard deviation over the sound "
+             f"runs of {p.seeds} seed(s).", "",
+             "| baseline | held-out MLM loss | MLM acc. | PAN-X F1 en | PAN-X F1 zero-shot |",
+             "| --- | ---: | ---: | ---: | ---: |",
+             f"| unigram model (piece frequencies) | {baselines['unigram']['loss']:.2f} | "
+             f"{baselines['unigram']['accuracy']:.2f} | | |",
+             f"| most frequent tag of each word | | | {baselines['majority']['en']:.2f} | "
+             f"{baselines['majority']['zero_shot']:.2f} |",
+             f"| {RANDOM} (E_in {p.small}), fine-tuned | | | {cell([r['panx']['en'] for r in sound(results, RANDOM)])} | "
+             f"{cell([r['panx']['zero_shot'] for r in sound(results, RANDOM)])} |", "",
+             "| model | PT / FT params | held-out MLM loss | MLM acc. | PAN-X F1 en | PAN-X F1 zero-shot | collapsed "
+             "| paper: row | NER F1 | MLM acc. |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for name, paper in zip(models(p), PAPER):
-        counts = results[name]["0"]["parameters"]
-        runs = [[r["mlm_accuracy"], r["panx"]["transfer"], r["panx"]["en"], r["xnli"]["transfer"], r["xnli"]["en"]]
-                for r in results[name].values()]
-        cells = ["{:.1f} ± {:.1f}".format(*mean_std(column)) for column in zip(*runs)]
+        runs, counts = sound(results, name), next(iter(results[name].values()))["parameters"]
         lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M | "
-                     f"{' | '.join(cells)} | {' | '.join(map(str, paper))} |")
+                     f"{cell([final(r, 'loss') for r in runs])} | {cell([final(r, 'accuracy') for r in runs])} | "
+                     f"{cell([r['panx']['en'] for r in runs])} | {cell([r['panx']['zero_shot'] for r in runs])} | "
+                     f"{len(results[name]) - len(runs)} of {len(results[name])} | {' | '.join(map(str, paper))} |")
+    lines += ["", "| the paper's claim | measured here, per step (against twice the larger sd) | verdict |",
+              "| --- | --- | --- |", *(f"| {claim} | {measured} | {verdict} |" for claim, measured, verdict in
+                                      claims(results, p))]
     Path(out_dir, "results.md").write_text("\n".join(lines) + "\n")
-    for figure, xlabel, ylabel in (("figure1", "layers kept for fine-tuning", "PAN-X F1, zero-shot average (%)"),
-                                   ("figure2", "layer (0: embeddings)", "en->de nearest-neighbour accuracy (%)")):
-        fig, ax = plt.subplots(figsize=(5, 3.4), layout="tight")
-        for name in (n for n in models(p) if "figure1" in results[n]["0"]):  # the E_out models
-            runs = [r[figure] for r in results[name].values()]  # figure1: {layers kept: F1}, figure2: [accuracy]
-            xs = sorted(map(int, runs[0])) if figure == "figure1" else range(len(runs[0]))
-            stats = [mean_std([run[str(x)] if figure == "figure1" else run[x] for run in runs]) for x in xs]
-            ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3, label=name)
-        ax.set(xticks=xs, xlabel=xlabel, ylabel=ylabel)
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), layout="tight")
+    for name in models(p):
+        curves = [run["curve"] for run in sound(results, name)]
+        if not curves:
+            continue
+        x = [point[0] / 1e6 for point in curves[0]]
+        for ax, column in zip(axes, (1, 2)):
+            values = [[point[column] for point in curve] for curve in curves]
+            line, = ax.plot(x, [statistics.mean(v) for v in zip(*values)], marker=".", label=name)
+            ax.fill_between(x, [min(v) for v in zip(*values)], [max(v) for v in zip(*values)],
+                            color=line.get_color(), alpha=0.25)
+    for ax, column, label in zip(axes, ("loss", "accuracy"), ("held-out MLM loss (nats)", "held-out MLM accuracy (%)")):
+        ax.axhline(baselines["unigram"][column], color="grey", linestyle="--", label="unigram model")
+        ax.set(xlabel="tokens seen (millions)", ylabel=label)
+    axes[1].legend(fontsize=8)
+    fig.savefig(os.path.join(out_dir, "curves.png"), dpi=100)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(5, 3.4), layout="tight")
+    for name in models(p):
+        runs = [run["figure2"] for run in sound(results, name)]
+        if runs and name.startswith("E_out") and "layers" not in name:  # Figure 2: one curve per E_out
+            stats = [mean_std(layer) for layer in zip(*runs)]
+            ax.errorbar(range(len(stats)), [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3,
+                        label=name)
+    ax.set(xlabel="layer (0: embeddings)", ylabel="en->de nearest-neighbour accuracy (%)")
+    if ax.lines:
         ax.legend()
-        fig.savefig(os.path.join(out_dir, f"{figure}.png"), dpi=100)
-        plt.close(fig)
+    fig.savefig(os.path.join(out_dir, "figure2.png"), dpi=100)
+    plt.close(fig)
     return "\n".join(lines)
 
 
@@ -210,28 +357,42 @@ def main(argv=None):
     p.seeds = cfg.seeds or p.seeds
     started = time.time()
     print(f"preset {preset}: {vars(p)}", flush=True)
-    setup = {"preset": vars(p), "data": os.path.realpath(cfg.data), "tasks": os.path.realpath(cfg.tasks)}
-    setup_path = os.path.join(cfg.out_dir, "setup.json")
-    if os.path.exists(setup_path) and evaluate.read_json(setup_path) != setup:
-        raise DataError(f"{cfg.out_dir} holds a run of another preset or other data; choose another --out-dir")
+    where = {k: os.path.relpath(os.path.realpath(getattr(cfg, k)), REPO) for k in ("data", "panx", "xquad")}
+    setup = {"preset": vars(p), **where}
     results_path = os.path.join(cfg.out_dir, "results.json")
     stored = evaluate.read_json(results_path) if os.path.exists(results_path) else {"setup": setup, "results": {}}
     if not isinstance(stored, dict) or stored.get("setup") != setup or not isinstance(stored.get("results"), dict):
         raise DataError(f"{results_path} holds results of another preset or other data; choose another --out-dir")
     results = stored["results"]
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
-    data.write_json(setup_path, setup)  # after split_corpus checked --data
-    tokenizer_file = os.path.join(cfg.out_dir, "spm.model")  # trained by the first pre-training
-    jobs = [(name, seed) for name in models(p) for seed in range(p.seeds) if str(seed) not in results.get(name, {})]
-    for done, (name, seed) in enumerate(jobs, 1):
-        job_started = time.time()
-        results.setdefault(name, {})[str(seed)] = run_seed(name, seed, p, cfg, corpus, tokenizer_file)
-        elapsed = time.time() - started
-        data.write_json(results_path, {"setup": setup, "results": results, "seconds": elapsed})
-        print(f"[{done}/{len(jobs)}] {name}, seed {seed}: {time.time() - job_started:.0f} s | elapsed "
-              f"{elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min", flush=True)
-    print(summarize(results, p, cfg.out_dir))
-    print(f"wrote {results_path}, results.md, figure1.png and figure2.png in {cfg.out_dir} "
+    tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
+    if not os.path.exists(tokenizer_file):
+        data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"))
+    tokenizer = data.Tokenizer(tokenizer_file)
+    heldout = heldout_batches(p, corpus, tokenizer)
+    baselines = {"unigram": unigram_baseline(p, corpus, tokenizer, heldout), "majority": majority_tagger(p, cfg.panx)}
+    print(f"baselines: {baselines['unigram']}, most frequent tag: {baselines['majority']['en']:.2f} F1 (en)", flush=True)
+    jobs = [(name, seed) for name in [*models(p), RANDOM] for seed in range(p.seeds)
+            if str(seed) not in results.get(name, {})]
+    workers = 1 if cfg.device == "cuda" else max(1, min(len(jobs), os.cpu_count() or 1, 2))
+    threads = max(1, (os.cpu_count() or 1) // workers)  # two runs side by side use two cores best (small models)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_job, name, seed, p, cfg, corpus, tokenizer_file, heldout, threads): (name, seed)
+                   for name, seed in jobs}
+        for done, future in enumerate(as_completed(futures), 1):
+            name, seed = futures[future]
+            run = future.result()
+            if "curve" in run:  # no better than piece frequencies: kept, marked, left out of every claim
+                run["collapsed"] = final(run, "loss") > baselines["unigram"]["loss"] - MARGIN
+            results.setdefault(name, {})[str(seed)] = run
+            elapsed = time.time() - started
+            data.write_json(results_path, {"setup": setup, "baselines": baselines, "results": results,
+                                           "seconds": elapsed})
+            print(f"[{done}/{len(jobs)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
+                  f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min",
+                  flush=True)
+    print(summarize(results, baselines, p, cfg.out_dir, preset))
+    print(f"wrote {results_path}, results.md, curves.png and figure2.png in {cfg.out_dir} "
           f"({(time.time() - started) / 60:.1f} min)")
 
 

@@ -1,64 +1,111 @@
-"""Tests of reproduce.py: the whole pipeline on its quick preset, and a rerun that reuses what is done."""
+"""Tests of reproduce.py: the baselines and the collapse marker against hand-computed values, the whole pipeline
+on its quick preset, a rerun that reuses what is done, and its bad inputs."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 
+import data
 import reproduce
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
+TASKS = ["--panx", str(SHARED / "ner" / "panx-full"), "--xquad", str(SHARED / "xquad")]
+
+
+def test_the_unigram_model_predicts_piece_frequencies(tmp_path, monkeypatch):
+    """The stream's masked targets (10 x 3 of piece 7, 10 x 1 of piece 9) against held-out targets 7, 9, 9."""
+    train = [{"masked_ids": torch.tensor([[7, 7, 9], [7, 0, 0]]), "masked_weights": torch.tensor([[1., 1, 1], [1, 0, 0]])}]
+    heldout = [{"masked_ids": torch.tensor([[7, 9, 9, 3]]), "masked_weights": torch.tensor([[1., 1, 1, 0]])}]
+    monkeypatch.setattr(data, "MLMLoader", lambda *a, **k: iter(train * 100))
+    p = SimpleNamespace(batch_size=2, seq_len=20, eval_batches=1)
+    tokenizer = SimpleNamespace(vocab_size=10)
+    baseline = reproduce.unigram_baseline(p, ("train", "heldout"), tokenizer, heldout)
+    total = 10 * 3 + 10 * 1 + 0.5 * 10  # add-0.5 smoothing over the 10 pieces
+    p7, p9 = (10 * 3 + 0.5) / total, (10 * 1 + 0.5) / total
+    assert baseline["loss"] == pytest.approx(-(math.log(p7) + 2 * math.log(p9)) / 3)
+    assert baseline["accuracy"] == pytest.approx(100 / 3)  # piece 7 is the most frequent: right once in three
+
+
+def test_the_majority_tagger_and_the_collapse_marker(tmp_path):
+    panx = tmp_path / "panx"
+    panx.mkdir()
+    (panx / "train-en.tsv").write_text("Paris\tB-LOC\nis\tO\n\nParis\tB-PER\n\nParis\tB-LOC\n")
+    for lang in reproduce.PANX_LANGS:  # Paris is a place twice in three: tagged B-LOC; "Rome", unseen, O
+        (panx / f"dev-{lang}.tsv").write_text("Paris\tB-LOC\n\nRome\tB-LOC\n")
+    scores = reproduce.majority_tagger(SimpleNamespace(max_train=0, max_eval=0), str(panx))
+    assert scores["en"] == scores["zero_shot"] == pytest.approx(100 * 2 * 1 * 0.5 / 1.5)  # precision 1, recall 1/2
+    p = SimpleNamespace(small=16, hidden=64, extra_layers=4)
+    run = lambda loss, acc, f1: {"curve": [[0, 9.0, 0.0], [1, loss, acc]], "panx": {"zero_shot": f1},  # noqa: E731
+                                 "collapsed": loss > 7.0 - reproduce.MARGIN}
+    results = {"E_out 16": {"0": run(6.95, 5.0, 10), "1": run(6.8, 5.2, 11)},  # 6.95 > 6.9: the first collapsed
+               "E_out 64": {"0": run(6.5, 7.0, 12), "1": run(6.4, 7.1, 12)},
+               "E_out 256": {"0": run(6.0, 9.0, 12), "1": run(6.1, 9.1, 13)}}
+    assert results["E_out 16"]["0"]["collapsed"] and not results["E_out 16"]["1"]["collapsed"]
+    claims = {claim: verdict for claim, _, verdict in reproduce.claims(results, p)}
+    # One sound run of E_out 16 is no spread to compare against: not measured, not a verdict on one seed.
+    assert claims["E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)"].startswith("not measured")
+    results["E_out 16"]["0"] = run(6.85, 5.1, 10)
+    claims = {claim: verdict for claim, _, verdict in reproduce.claims(results, p)}
+    assert claims["E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)"] == "visible"
+    assert claims["E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)"] == "within the spread"
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
-def test_quick_run_writes_the_table_and_both_figures(tmp_path):
+def test_quick_run_writes_the_tables_and_both_figures(tmp_path):
     out = tmp_path / "out"
-    run = subprocess.run([sys.executable, "reproduce.py", "--quick", "--out-dir", str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    command = [sys.executable, "reproduce.py", "--quick", "--out-dir", str(out), "--data", str(SHARED / "corpus"),
+               *TASKS]
+    run = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "[6/6]" in run.stdout and "left about" in run.stdout  # progress with an estimate of the time left
-    results = json.loads((out / "results.json").read_text())["results"]
-    assert len(results) == 6
+    assert "[7/7]" in run.stdout and "left about" in run.stdout  # progress with an estimate of the time left
+    stored = json.loads((out / "results.json").read_text())
+    assert stored["setup"]["panx"] == "../shared/data/ner/panx-full"  # relative to the repository
+    results = stored["results"]
+    assert len(results) == 7 and set(stored["baselines"]) == {"unigram", "majority"}
     for name, seeds in results.items():
         measures = seeds["0"]
-        assert {"parameters", "mlm_accuracy", "panx", "xnli", "figure2"} <= set(measures), name
-        assert 0 <= measures["mlm_accuracy"] <= 100 and 0 <= measures["xnli"]["transfer"] <= 100
-        assert len(measures["figure2"]) == 3  # the embeddings and 2 layers
-    assert sorted(results["E_out 64"]["0"]["figure1"]) == ["1", "2"]  # layers kept: 1, and all 2
+        assert 0 <= measures["panx"]["en"] <= 100 and set(measures["panx"]["languages"]) == set(reproduce.PANX_LANGS)
+        if name != reproduce.RANDOM:
+            assert [point[0] for point in measures["curve"]] == [20 * 16 * 64, 40 * 16 * 64]  # tokens seen
+            assert len(measures["figure2"]) == 3 and isinstance(measures["collapsed"], bool)  # embeddings, 2 layers
     table = (out / "results.md").read_text()
-    assert all(f"| {name} |" in table for name in results) and "Table 4, E_out 3072" in table
-    for figure in ("figure1.png", "figure2.png"):
+    assert all(f"| {name} |" in table for name in results if name != reproduce.RANDOM)
+    assert "unigram model" in table and "most frequent tag" in table and "Table 4, E_out 3072" in table
+    for figure in ("curves.png", "figure2.png"):
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
-    again = subprocess.run([sys.executable, "reproduce.py", "--quick", "--out-dir", str(out)], cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0 and "[1/6]" not in again.stdout  # every model was done: nothing runs again
+    again = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "[1/" not in again.stdout  # every run was done: nothing runs again
 
 
-def test_a_damaged_setup_and_a_bad_flag_are_one_line_and_exit_2(tmp_path):
-    (tmp_path / "setup.json").write_text("")
-    (tmp_path / "other").mkdir()  # results of another preset, with no setup.json beside them
+def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path):
+    (tmp_path / "other").mkdir()  # results of another preset
     (tmp_path / "other" / "results.json").write_text(json.dumps({"setup": {"preset": {}}, "results": {}}))
-    tasks = tmp_path / "tasks"  # the task files' names: checked at the start, read after pre-training
-    for name in ["ner/panx/train-en.tsv", "xquad/xquad.en.json", "xquad/xquad.de.json",
-                 *(f"ner/panx/dev-{lang}.tsv" for lang in reproduce.PANX_LANGS),
-                 *(f"xnli/dev-{lang}.tsv" for lang in reproduce.XNLI_LANGS)]:
-        (tasks / name).parent.mkdir(parents=True, exist_ok=True)
-        (tasks / name).write_text("")
+    panx, xquad = tmp_path / "panx", tmp_path / "xquad"  # the files' names: checked at the start
+    for folder, names in ((panx, ["train-en.tsv", *(f"dev-{lang}.tsv" for lang in reproduce.PANX_LANGS)]),
+                          (xquad, ["xquad.en.json", "xquad.de.json"])):
+        folder.mkdir()
+        for name in names:
+            (folder / name).write_text("")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "en.txt").write_text("A sentence.\nAnother one.\n")
-    for flags, message in ((["--out-dir", str(tmp_path)], "setup.json: empty file"), (["--seeds", "-1"], "--seeds"),
+    for flags, message in ((["--seeds", "-1"], "--seeds"),
                            (["--out-dir", str(tmp_path / "other")], "results.json holds results of another preset"),
-                           (["--out-dir", str(tmp_path / "new"), "--data", str(tmp_path / "none")], "no *.txt files"),
-                           (["--out-dir", str(tmp_path / "new"), "--tasks", str(tmp_path / "other")],
-                            "has no ner/panx/train-en.tsv"),
-                           (["--out-dir", str(corpus / "out"), "--data", str(corpus)], "--out-dir is inside --data"),
+                           (["--data", str(tmp_path / "none")], "has no such directory; the README's \"Data\" section"),
+                           (["--panx", str(tmp_path)], "--panx " + str(tmp_path) + " has no train-en.tsv"),
+                           (["--out-dir", str(corpus / "out")], "--out-dir is inside --data"),
                            (["--out-dir", ""], "--out-dir must be given")):
-        extra = [] if "--tasks" in flags else ["--tasks", str(tasks)]
-        out = subprocess.run([sys.executable, "reproduce.py", "--quick", *flags, *extra], cwd=REPO,
-                             capture_output=True, text=True)
+        given = dict(zip(flags[::2], flags[1::2]))
+        defaults = {"--out-dir": str(tmp_path / "new"), "--data": str(corpus), "--panx": str(panx),
+                    "--xquad": str(xquad)}
+        argv = [a for k, v in {**defaults, **given}.items() for a in (k, v)]
+        out = subprocess.run([sys.executable, "reproduce.py", "--quick", *argv], cwd=REPO, capture_output=True,
+                             text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
-    assert not (tmp_path / "new" / "setup.json").exists()  # the wrong --data did not claim the directory
