@@ -23,8 +23,7 @@ from model import DataError, MaskedLM, ModelConfig, count_parameters
 
 # mBERT's shape (Appendix A.2). The paper's models use no dropout (A.2, following ALBERT).
 MBERT = ModelConfig(vocab_size=120_000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
-                    input_embedding_size=768, output_embedding_size=768, tie_embeddings=False,
-                    pretraining_only_layers=0, dropout=0.0)
+                    input_embedding_size=768, output_embedding_size=768, dropout=0.0)
 # English BERT-base (Appendix A.6): a 30k vocabulary, BERT's dropout.
 BERT_BASE = replace(MBERT, vocab_size=30_000, dropout=0.1)
 mbert, bert = partial(replace, MBERT), partial(replace, BERT_BASE)  # a row: the shape with its changes
@@ -57,17 +56,14 @@ CONFIGS = {
     "bert-l24": bert(input_embedding_size=128, output_embedding_size=128, pretraining_only_layers=12),
     # Section 5 and Table 14: RemBERT, as released (google/rembert). Table 14 prints E_out 1536; the
     # released checkpoint has 1664, the only value that gives the paper's 995M pre-training parameters.
-    "rembert": ModelConfig(vocab_size=250_300, hidden_size=1152, num_layers=32, num_heads=18,
-                           intermediate_size=4608, input_embedding_size=256, output_embedding_size=1664,
-                           tie_embeddings=False, pretraining_only_layers=0, dropout=0.0),
+    "rembert": ModelConfig(vocab_size=250_300, hidden_size=1152, num_layers=32, num_heads=18, intermediate_size=4608,
+                           input_embedding_size=256, output_embedding_size=1664, dropout=0.0),
     # For CPU work: the same shape of model (E_in < H < E_out, decoupled), a few million parameters;
     # no dropout, as the paper pre-trains.
     "tiny": ModelConfig(vocab_size=8000, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512,
-                        input_embedding_size=64, output_embedding_size=256, tie_embeddings=False,
-                        pretraining_only_layers=0, max_position_embeddings=512, dropout=0.0),
+                        input_embedding_size=64, output_embedding_size=256, dropout=0.0),
     "small": ModelConfig(vocab_size=32_000, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024,
-                         input_embedding_size=128, output_embedding_size=512, tie_embeddings=False,
-                         pretraining_only_layers=0, dropout=0.0),
+                         input_embedding_size=128, output_embedding_size=512, dropout=0.0),
 }
 
 # (pre-training, fine-tuning) parameters in millions, as the paper prints them.
@@ -220,16 +216,14 @@ def run_script(main):
 
 def main(argv=None):
     parse_flags(ArgumentParser(description=__doc__), argv)  # no flags: --help, or one line naming an unknown argument
-    print(f"{'config':<16} {'L':>3} {'+L':>3} {'H':>5} {'E_in':>5} {'E_out':>5} {'tied':>5} {'vocab':>8} "
-          f"{'PT':>9} {'FT':>9} {'paper PT':>9} {'paper FT':>9}")
-    for name, config in CONFIGS.items():
+    row = "{:<16} {:>3} {:>3} {:>5} {:>5} {:>5} {:>5} {:>8} {:>9} {:>9} {:>9} {:>9}".format
+    print(row("config", "L", "+L", "H", "E_in", "E_out", "tied", "vocab", "PT", "FT", "paper PT", "paper FT"))
+    for name, c in CONFIGS.items():
         counts = parameter_counts(name)
         paper = [f"{n}M" for n in PAPER_PARAMETERS[name]] if name in PAPER_PARAMETERS else ["", ""]
-        print(f"{name:<16} {config.num_layers:>3} {config.pretraining_only_layers:>3} {config.hidden_size:>5} "
-              f"{config.input_embedding_size:>5} {config.output_embedding_size:>5} "
-              f"{str(config.tie_embeddings):>5} {config.vocab_size:>8} "
-              f"{counts['pretraining'] / 1e6:>8.1f}M {counts['finetuning'] / 1e6:>8.1f}M "
-              f"{paper[0]:>9} {paper[1]:>9}")
+        print(row(name, c.num_layers, c.pretraining_only_layers, c.hidden_size, c.input_embedding_size,
+                  c.output_embedding_size, str(c.tie_embeddings), c.vocab_size,
+                  f"{counts['pretraining'] / 1e6:.1f}M", f"{counts['finetuning'] / 1e6:.1f}M", *paper))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from model import CHECKPOINT_INFO, DataError, load_checkpoint
+from model import CHECKPOINT_INFO, DataError, load_checkpoint, sha256
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -56,7 +56,7 @@ MAX_LINE = 8192  # characters: a longer corpus line is read as several (see in_p
 
 
 # ----------------------------------------------------------------------------------------------
-# Corpus files: languages, line counts (kept in an index), documents by byte range
+# Corpus files: languages, line counts and digests, documents by byte range
 
 def corpus_files(data):
     """{language: [paths]} from a file, a directory (its *.txt) or a list of them."""
@@ -107,10 +107,8 @@ def count_lines(path):
             blank += len(re.findall(rb"\n[ \t\r\f\v]*(?=\n|\Z)", NEWLINE + chunk)) - chunk.endswith(NEWLINE)
             size += len(chunk)
             lines += chunk.count(NEWLINE) + (not chunk.endswith(NEWLINE))
-    if size == 0:
-        raise DataError(f"{path}: empty file")
     if lines == blank:
-        raise DataError(f"{path}: only blank lines")
+        raise DataError(f"{path}: {'empty file' if size == 0 else 'only blank lines'}")
     return lines - blank, digest.hexdigest()
 
 
@@ -164,9 +162,8 @@ def in_parts(line, most=MAX_LINE):
 
 def sampling_probabilities(counts, alpha):
     """p_l ∝ n_l^alpha (Appendix A.7: alpha = 0.5; mBERT used 0.7): {language: probability}."""
-    weights = {lang: n ** alpha for lang, n in counts.items()}
-    total = sum(weights.values())
-    return {lang: w / total for lang, w in weights.items()}
+    total = sum(n ** alpha for n in counts.values())
+    return {lang: n ** alpha / total for lang, n in counts.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -185,17 +182,14 @@ class Tokenizer:
         except (RuntimeError, OSError) as e:
             raise DataError(f"{self.model_file}: not a SentencePiece model ({e})") from None
         self.vocab_size = self.sp.get_piece_size()
-
-        def piece_id(piece, fallback=-1):
-            i = self.sp.piece_to_id(piece)
-            i = i if self.sp.id_to_piece(i) == piece else fallback  # piece_to_id answers unk_id for unknown pieces
-            if i < 0:
-                raise DataError(f"{self.model_file}: no {piece} piece in this SentencePiece model")
-            return i
-
         self.unk_id = self.sp.unk_id()
-        self.pad_id = piece_id(PAD, self.sp.pad_id())
-        self.cls_id, self.sep_id, self.mask_id = piece_id(CLS), piece_id(SEP), piece_id(MASK)
+        ids = []
+        for piece, fallback in ((PAD, self.sp.pad_id()), (CLS, -1), (SEP, -1), (MASK, -1)):
+            i = self.sp.piece_to_id(piece)  # (unk_id for a piece it does not have)
+            ids.append(i if self.sp.id_to_piece(i) == piece else fallback)
+            if ids[-1] < 0:
+                raise DataError(f"{self.model_file}: no {piece} piece in this SentencePiece model")
+        self.pad_id, self.cls_id, self.sep_id, self.mask_id = ids
         self.reserved = {self.pad_id, self.cls_id, self.sep_id, self.mask_id}  # the input format's own pieces
         self.normal_ids = np.flatnonzero([  # what a "random token" of the 80/10/10 rule may be
             not (i in self.reserved or self.sp.is_control(i) or self.sp.is_unknown(i) or self.sp.is_unused(i)
@@ -229,11 +223,6 @@ class Tokenizer:
 
     def decode(self, ids):
         return self.sp.decode([int(i) for i in ids])
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def tokenizer_for(model_path, tokenizer_file=""):
@@ -471,10 +460,6 @@ class MLMLoader:
 
     def __init__(self, data, tokenizer, batch_size=32, seq_len=128, max_predictions=20, seed=0, rank=0,
                  world_size=1, grad_accum=1, num_workers=0, alpha=0.5, shuffle_bytes=1 << 14, counts=None):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        if min(seq_len - 2, batch_size, max_predictions, grad_accum, num_workers + 1, seed + 1) < 1:
-            raise ValueError("need seq_len >= 3, batch_size, max_predictions, grad_accum >= 1, num_workers, seed >= 0")
         self.tokenizer, self.num_workers = tokenizer, num_workers
         langs = sorted(corpus_files(data).items())
         lines = counts or line_counts([p for _, paths in langs for p in paths])
@@ -490,7 +475,6 @@ class MLMLoader:
         self._fingerprint = {"files": files, "seed": seed, "global_batch": global_batch, "seq_len": seq_len,
                              "max_predictions": max_predictions, "num_workers": num_workers, "alpha": alpha,
                              "shuffle_bytes": shuffle_bytes}
-        # Row b of micro-batch a of this rank in worker w's steps reads stream w * G + (a * world_size + rank) * B + b.
         self._state = {"next_worker": 0, "workers": [
             {"ids": np.array([w * global_batch + (a * world_size + rank) * batch_size + b for a in range(grad_accum)
                               for b in range(batch_size)]),
@@ -499,11 +483,9 @@ class MLMLoader:
 
     def state_dict(self):
         """This process's streams, where they are."""
-        workers = self._state["workers"]
-        return {"fingerprint": self._fingerprint, "next_worker": self._state["next_worker"],
-                "streams": {"ids": torch.tensor(np.concatenate([w["ids"] for w in workers])),
-                            "seq": torch.tensor(np.concatenate([w["seq"] for w in workers])),
-                            "readers": torch.tensor(np.concatenate([w["readers"] for w in workers]).view(np.int64))}}
+        workers = self._state["workers"]  # (READER records as plain int64s)
+        return {"fingerprint": self._fingerprint, "next_worker": self._state["next_worker"], "streams": {
+            k: torch.tensor(np.concatenate([w[k] for w in workers]).view(np.int64)) for k in ("ids", "seq", "readers")}}
 
     def load_state_dict(self, states):
         """A state_dict(), or the list of every process's: then any split of the same global batch over processes

@@ -148,8 +148,7 @@ class Encoder(nn.Module):
         self.apply(init_weights)
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None, output_hidden_states=False):
-        """Hidden states (B, T, H); with `output_hidden_states`, also the list of every layer's input
-        and the last layer's output, each (B, T, H)."""
+        """Hidden states (B, T, H); with `output_hidden_states`, also the list of each layer's input and the output."""
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         mask = padding_mask(attention_mask)
@@ -377,13 +376,17 @@ def read_checkpoint_info(path):
         raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
     for name, digest in files:
         try:
-            with open(os.path.join(path, name), "rb") as f:
-                found = hashlib.file_digest(f, "sha256").hexdigest()
+            found = sha256(os.path.join(path, name))
         except OSError as e:
             raise DataError(f"{os.path.join(path, name)}: missing or unreadable ({e.strerror})") from None
         if found != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 is not the one saved with it)")
     return info
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -494,8 +497,7 @@ def save_hf(model, path):
         task = {SequenceClassifier: "SequenceClassification", TokenClassifier: "TokenClassification",
                 SpanExtractor: "QuestionAnswering"}[type(model)]
         architecture, encoder, prefix = f"RemBertFor{task}", model.encoder, "rembert."
-        head = "qa_outputs" if isinstance(model, SpanExtractor) else "classifier"
-        extra = {f"{head}.{name}": t for name, t in getattr(model, head).state_dict().items()}
+        extra = {name: t for name, t in model.state_dict().items() if not name.startswith("encoder.")}  # the head
     else:
         raise TypeError(f"save_hf cannot export a {type(model).__name__}")
     config = encoder.config

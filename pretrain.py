@@ -50,8 +50,8 @@ from torch.distributed.tensor import DTensor
 
 from configs import (CONFIGS, DEVICE, GIVEN, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags,
                      flag, one_of, parse_flags, resolve_device, run_script)
-from data import MLMLoader, Tokenizer, corpus_files, line_counts, sha256, train_tokenizer, write_json
-from model import CHECKPOINT_INFO, DataError, MaskedLM, ModelConfig, count_parameters, read_checkpoint_info
+from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer, write_json
+from model import CHECKPOINT_INFO, DataError, MaskedLM, ModelConfig, count_parameters, read_checkpoint_info, sha256
 
 
 @dataclass
@@ -122,18 +122,12 @@ class Runtime:
     device: torch.device
     rank: int = 0  # global rank: which share of the data this process reads
     world_size: int = 1
-    local_rank: int = 0
     fsdp: bool = False  # weights sharded: FSDP2, or on XLA SPMD over `mesh`
     mesh: object = None  # XLA SPMD: every device of the job on one axis, "fsdp"
 
     @property
     def is_main(self):
         return self.rank == 0
-
-    @property
-    def replicas(self):
-        """How many gradients DDP, FSDP or xm.reduce_gradients average. SPMD computes the global batch as one."""
-        return 1 if self.mesh else self.world_size
 
     @property
     def xm(self):  # torch_xla's xla_model, imported on XLA only
@@ -148,7 +142,7 @@ class Runtime:
         model = model.to(self.device)
         if self.world_size > 1 and self.kind != "xla":
             return torch.nn.parallel.DistributedDataParallel(
-                model, device_ids=[self.local_rank] if self.kind == "cuda" else None)
+                model, device_ids=[self.device] if self.kind == "cuda" else None)
         return model
 
     def loader(self, batches):
@@ -209,8 +203,7 @@ class Runtime:
             warnings.warn(f"the saved state has no {self.kind} random state: dropout draws differ from the saved run's")
 
     def save(self, obj, path):
-        """One file (finetune.py's training state), written atomically from the main process: a temporary file,
-        flushed, then renamed, so a crash mid-write never leaves a broken `path`."""
+        """One file (finetune.py's training state), written whole or not at all: a temporary file, flushed, renamed."""
         tmp = path + ".tmp"
         try:
             if self.kind == "xla":
@@ -256,24 +249,22 @@ def setup_runtime(device="auto", fsdp=False):
         import torch_xla.runtime as xr
         if not fsdp:
             return Runtime("xla", torch_xla.device(), xr.global_ordinal(), xr.world_size())
-        import numpy as np
         import torch_xla.distributed.spmd as xs
         xr.use_spmd()
         devices = xr.global_runtime_device_count()
         if xr.process_count() > 1 and not dist.is_initialized():  # hosts agree on checkpoints over gloo
             dist.init_process_group("gloo", init_method="xla://")
         return Runtime("xla", torch_xla.device(), xr.process_index(), xr.process_count(), fsdp=True,
-                       mesh=xs.Mesh(np.arange(devices), (devices,), ("fsdp",)))
+                       mesh=xs.Mesh(list(range(devices)), (devices,), ("fsdp",)))
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(torch_device)
     if (world_size > 1 or fsdp) and not dist.is_initialized():  # (FSDP's device mesh needs a group, even of one)
-        dist.init_process_group("nccl" if device == "cuda" else "gloo",
-                                **({} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0,
-                                                                     "world_size": 1}))
-    return Runtime(device, torch_device, rank, world_size, local_rank, fsdp=fsdp)
+        alone = {} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", **alone)
+    return Runtime(device, torch_device, rank, world_size, fsdp=fsdp)
 
 
 def shard(model, runtime):
@@ -297,13 +288,12 @@ def shard(model, runtime):
 
 
 # ----------------------------------------------------------------------------------------------
-# Optimisation (Table 14): AdamW, β 0.9/0.999, ε 1e-6, weight decay 0.01 on matrices only,
-# linear warm-up then linear decay
+# Optimisation (Table 14): AdamW, β 0.9/0.999, ε 1e-6, weight decay 0.01 on matrices; linear warm-up and decay
 
 def build_optimizer(model, lr, weight_decay):
     """AdamW over the trainable parameters. Biases and LayerNorm gains (the 1-D tensors) get no
     weight decay, as in BERT; frozen parameters (the pooler in pre-training) are left out."""
-    params = {id(p): p for p in model.parameters() if p.requires_grad}.values()  # tied: once
+    params = [p for p in model.parameters() if p.requires_grad]  # (a tied matrix is one parameter: listed once)
     groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.999), eps=1e-6)
@@ -339,8 +329,7 @@ def checkpoint_paths(out_dir):
 
 
 def newest_intact_checkpoint(out_dir, log):
-    """(path, checkpoint.json) of the newest checkpoint whose every file has its SHA-256; a damaged one is reported
-    and passed over."""
+    """(path, checkpoint.json) of the newest checkpoint whose every file has its SHA-256; a damaged one is skipped."""
     damaged = []
     for path in reversed(checkpoint_paths(out_dir)):
         try:
@@ -368,12 +357,11 @@ def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, 
                                         "extra": extra.getvalue()}, path)
         runtime.barrier()
         if runtime.is_main:
-            files = sorted(os.listdir(path))
             write_json(os.path.join(path, CHECKPOINT_INFO), {
                 "step": step, "config": asdict(model_config), "train_config": asdict(cfg), "processes":
                 runtime.world_size, "tokenizer": {"path": os.path.abspath(tokenizer.model_file),
                                                   "sha256": tokenizer.sha256},
-                "sha256": {name: sha256(os.path.join(path, name)) for name in files}})
+                "sha256": {name: sha256(os.path.join(path, name)) for name in sorted(os.listdir(path))}})
             for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:
                 shutil.rmtree(old)
     except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
@@ -458,10 +446,10 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
     """One optimizer step over `micro_batches` (grad_accum of them). Adds [sum of weighted CE,
     correct predictions, masked tokens] to the device tensor `stats`, for logging; no host sync.
 
-    The loss is normalised by the masked tokens of the whole global batch (all micro-batches of
-    all processes), not per micro-batch: every prediction then weighs the same however the batch
-    is split, so N processes x M micro-batches compute the gradient of one process with the
-    global batch. (DDP, FSDP and xm.reduce_gradients average over processes, hence x replicas.)"""
+    The loss is normalised by the masked tokens of the whole global batch (all micro-batches of all processes), not
+    per micro-batch: every prediction then weighs the same however the batch is split, so N processes x M
+    micro-batches compute the gradient of one process with the global batch. (DDP, FSDP and xm.reduce_gradients
+    average over processes, hence x processes; SPMD computes the global batch as one.)"""
     count = runtime.all_reduce_sum(sum(b["masked_weights"].sum() for b in micro_batches)).clamp(min=1.0)
     for i, batch in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
@@ -472,7 +460,7 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
                 logits, loss = model(**batch)  # (B, P, V); the mean cross-entropy of this micro-batch's predictions
             weights = batch["masked_weights"]
             loss_sum = loss * weights.sum()
-            (loss_sum * runtime.replicas / count).backward()
+            (loss_sum * (1 if runtime.mesh else runtime.world_size) / count).backward()
         correct = ((logits.detach().argmax(-1) == batch["masked_ids"]).float() * weights).sum()
         stats += torch.stack([loss_sum.detach(), correct, weights.sum()])
     runtime.optimizer_step(optimizer, max_grad_norm)
