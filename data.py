@@ -43,7 +43,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from model import CHECKPOINT_INFO, DataError, load_checkpoint, sha256
+from model import CHECKPOINT_INFO, DataError, read_checkpoint_info, sha256
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -133,7 +133,7 @@ def read_chunk(path, start, stop, size):
     several). Every line belongs to exactly one range of a partition of [0, size), so byte ranges shard a file with
     no line lost or repeated."""
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size != size:  # the shares, the languages' weights, the saved state: all its old size
+        if os.fstat(f.fileno()).st_size != size:  # (the shares and the saved state are of that size)
             raise DataError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} when this run counted its lines: "
                             f"changed while it was read; restore it, or start a new run")
         if start > 0:
@@ -221,23 +221,16 @@ class Tokenizer:
             offsets.append((start, end))
         return out["ids"], offsets
 
-    def decode(self, ids):
-        return self.sp.decode([int(i) for i in ids])
-
 
 def tokenizer_for(model_path, tokenizer_file=""):
     """The tokenizer of a saved model: `tokenizer_file`, or else the one saved with it (a Hugging Face
     directory's sentencepiece.model, the file a pretrain.py checkpoint recorded). Where both are known they
     must be the same model (by SHA-256): another vocabulary would give the model wrong ids without a word."""
-    if os.path.isfile(os.path.join(model_path, CHECKPOINT_INFO)):  # a pretrain.py checkpoint's directory
-        with open(os.path.join(model_path, CHECKPOINT_INFO)) as f:  # (its loader checks every file)
-            saved = json.load(f).get("tokenizer")
-    elif os.path.isdir(model_path):
-        path = os.path.join(model_path, "sentencepiece.model")
-        saved = {"path": path, "sha256": sha256(path)} if os.path.isfile(path) else None
+    path = os.path.join(model_path, "sentencepiece.model")
+    if os.path.isfile(os.path.join(model_path, CHECKPOINT_INFO)):  # a pretrain.py checkpoint
+        saved = read_checkpoint_info(model_path, verify=False)["tokenizer"]  # (the model's loader checks it)
     else:
-        checkpoint = load_checkpoint(model_path, weights=False)  # the model's loader checks the weights
-        saved = checkpoint.get("tokenizer") if isinstance(checkpoint, dict) else None
+        saved = {"path": path, "sha256": sha256(path)} if os.path.isfile(path) else None
     if saved is None and not tokenizer_file:
         raise DataError(f"{model_path}: no tokenizer was saved with it; pass --tokenizer")
     if not tokenizer_file and not os.path.isfile(saved["path"]):
@@ -619,7 +612,7 @@ def read_pairs(path, labels=None, labelled=False):
             raise DataError(f"{where}: {len(row)} tab-separated fields; expected {width}: {expected}")
         row = [None if i is None else row[i] for i in columns] if columns else row + [None] * (4 - len(row))
         if not (row[0].strip() and row[1].strip()):
-            raise DataError(f"{where}: a blank sentence{'1' if not row[0].strip() else '2'}; a pair needs two sentences")
+            raise DataError(f"{where}: a blank sentence{1 + bool(row[0].strip())}; a pair needs two sentences")
         label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])
         if labels is not None and label is not None:
             check_label(label, labels, where)

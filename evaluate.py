@@ -38,10 +38,7 @@ from model import DataError, MaskedLM
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
 # The label sets, in the order of the task heads' outputs (finetune.py).
-CLASSIFICATION_LABELS = {
-    "xnli": ("contradiction", "entailment", "neutral"),
-    "pawsx": ("0", "1"),
-}
+CLASSIFICATION_LABELS = {"xnli": ("contradiction", "entailment", "neutral"), "pawsx": ("0", "1")}
 TAGGING_LABELS = {
     "panx": ("O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC"),
     # The 17 Universal Dependencies v2 part-of-speech tags.
@@ -444,8 +441,7 @@ class ProbeConfig:
     source: str = flag("data/xquad/xquad.en.json", "source sentences: SQuAD-format JSON, or a text file "
                                                   "line-parallel to --target")
     target: str = flag("data/xquad/xquad.de.json", "target sentences, parallel")
-    unit: str = flag("questions", "JSON: pair the questions (by id) or the contexts",
-                     one_of(("questions", "contexts")))
+    unit: str = flag("questions", "JSON: pair the questions (by id) or the contexts", one_of(("questions", "contexts")))
     max_len: int = flag(128, "tokens per sentence, with [CLS] and [SEP]", at_least(3))
     batch_size: int = flag(32, "sentences per batch", POSITIVE)
     seed: int = flag(0, "seed of the fit/test split of the pairs", SEED)

@@ -212,9 +212,7 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
         room = seq_len - len(question) - 3
         if room < 1:
             raise DataError(f"{e.source}: seq_len {seq_len} leaves no room for the context")
-        if training:
-            if not e.answers or not e.answers[0]["text"]:
-                raise DataError(f"{e.source}: no answer to train on")
+        if training:  # (read_examples saw to an answer)
             start_char = e.answers[0]["answer_start"]
             end_char = start_char + len(e.answers[0]["text"])
             # The answer's pieces: from the first piece ending after its start to the last starting before its
@@ -461,8 +459,20 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
     ddp_model = runtime.wrap_model(model)
     optimizer = build_optimizer(model, lr, cfg.weight_decay)
     first = 0
-    if os.path.exists(state_path):
-        first = restore_training_state(runtime, load_checkpoint(state_path), state_path, model, optimizer)
+    if os.path.exists(state_path):  # weights, AdamW and this process's random state; its data is a function of the step
+        state = load_checkpoint(state_path)
+        try:
+            if len(state["rng"]) != runtime.world_size:
+                raise DataError(f"{state_path} was written by {len(state['rng'])} processes, this run has "
+                                f"{runtime.world_size}: the processes' data and random draws would not line up")
+            model.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            runtime.set_rng_state(state["rng"][runtime.rank])
+            first = state["step"]
+        except DataError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another program's file, another model's state
+            raise DataError(f"{state_path}: not a training state of this model ({type(e).__name__}: {e})") from None
         log(f"resumed from {state_path} at step {first}")
 
     def batches():
@@ -510,23 +520,6 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
         log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, lr):.2e} "
             f"| {speed:.1f} seq/s | left {(total - step - 1) * per_step / speed / 60:.1f} min")
         last_log, last_step = now, step + 1
-
-
-def restore_training_state(runtime, state, path, model, optimizer):
-    """Weights, optimizer and this process's RNG from a saved state (a training state of train());
-    returns its step. Each process saved its own RNG (and data position), so the process count must match."""
-    try:
-        if len(state["rng"]) != runtime.world_size:
-            raise DataError(f"{path} was written by {len(state['rng'])} processes, this run has "
-                            f"{runtime.world_size}: the processes' data and random draws would not line up")
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        runtime.set_rng_state(state["rng"][runtime.rank])
-        return state["step"]
-    except DataError:
-        raise
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another program's file, another model's state
-        raise DataError(f"{path}: not a training state of this model ({type(e).__name__}: {e})") from None
 
 
 @torch.no_grad()

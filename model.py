@@ -86,7 +86,7 @@ class SelfAttention(nn.Module):
                    for f in (self.query, self.key, self.value))
         # Padding gets the compute dtype's most negative number (bf16's under autocast), not -inf: a row that is all
         # padding (a padded evaluation batch) then stays finite.
-        bias = None if mask is None else torch.zeros_like(mask, dtype=q.dtype).masked_fill(mask, torch.finfo(q.dtype).min)
+        bias = None if mask is None else q.new_zeros(mask.shape).masked_fill(mask, torch.finfo(q.dtype).min)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.dropout if self.training else 0.0)
         return self.out(y.transpose(1, 2).reshape(B, T, H))
 
@@ -200,7 +200,7 @@ class MaskedLM(nn.Module):
         self.tie_weights()
 
     def tie_weights(self):
-        """The coupled model's one matrix, in and out. Again after a move to an XLA device, which copies it per module."""
+        """The coupled model's one matrix in and out (again after a move to XLA, which copies it per module)."""
         if self.config.tie_embeddings:
             self.head.decoder.weight = self.encoder.embeddings.word_embeddings.weight  # (V, E) both ways
 
@@ -223,26 +223,16 @@ class MaskedLM(nn.Module):
 
     @classmethod
     def from_checkpoint(cls, path):
-        """The model of a pretrain.py checkpoint: its directory (torch.distributed.checkpoint's shards, read by one
-        process however many wrote them), or a .pt file of earlier versions. Every byte is checked first."""
-        if os.path.isdir(path):
-            import torch.distributed.checkpoint as dcp
-            info = read_checkpoint_info(path)
-            try:
-                model = cls(ModelConfig(**info["config"]))
-                with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
-                    warnings.filterwarnings("ignore", "torch.distributed is disabled")
-                    dcp.load({"model": model.state_dict()}, checkpoint_id=path, no_dist=True)  # into its tensors
-            except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
-                raise DataError(f"{path}: the weights do not fit the saved config: {e}") from None
-            return model
-        checkpoint = load_checkpoint(path)
-        if not isinstance(checkpoint, dict) or not {"model", "config"} <= checkpoint.keys():
-            raise DataError(f'{path}: not a pretrain.py checkpoint (it needs the keys "model" and "config")')
+        """The model of a pretrain.py checkpoint directory (torch.distributed.checkpoint's shards, read by one process
+        however many wrote them), every file checked first."""
+        import torch.distributed.checkpoint as dcp
+        info = read_checkpoint_info(path)
         try:
-            model = cls(ModelConfig(**checkpoint["config"]))
-            model.load_state_dict(checkpoint["model"])
-        except (TypeError, ValueError, RuntimeError) as e:
+            model = cls(ModelConfig(**info["config"]))
+            with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
+                warnings.filterwarnings("ignore", "torch.distributed is disabled")
+                dcp.load({"model": model.state_dict()}, checkpoint_id=path, no_dist=True)  # into its tensors
+        except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
             raise DataError(f"{path}: the weights do not fit the saved config: {e}") from None
         return model
 
@@ -343,15 +333,15 @@ def count_parameters(model):
             "finetuning": sum(p.numel() for p in encoder.parameters())}
 
 
-def load_checkpoint(path, weights=True):
+def load_checkpoint(path):
     """torch.load, after checking the CRC-32 of every record (torch.load does not: a damaged file would give wrong
-    weights). weights=False reads only what is beside the tensors (memory-mapped, unchecked): for metadata."""
+    weights): a pytorch_model.bin, or finetune.py's training state."""
     try:
         with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip() if weights else None
+            damaged = archive.testzip()
         if damaged:
             raise DataError(f"{path}: damaged: its record {damaged} fails its CRC check")
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=not weights)
+        return torch.load(path, map_location="cpu", weights_only=True)
     except (FileNotFoundError, DataError):
         raise
     except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, UnpicklingError...)
@@ -361,20 +351,21 @@ def load_checkpoint(path, weights=True):
 CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
 
 
-def read_checkpoint_info(path):
-    """checkpoint.json of a pretrain.py checkpoint directory (configs, step, tokenizer), once every file it lists
-    has its SHA-256 (torch.distributed.checkpoint checks nothing: a damaged shard would load wrong weights)."""
+def read_checkpoint_info(path, verify=True):
+    """checkpoint.json of a pretrain.py checkpoint directory (configs, step, tokenizer), once (verify) every file it
+    lists has its SHA-256 (torch.distributed.checkpoint checks nothing: a damaged shard would load wrong weights)."""
     try:
         with open(os.path.join(path, CHECKPOINT_INFO)) as f:
             info = json.load(f)
         if missing := {"config", "train_config", "step", "tokenizer", "sha256"} - info.keys():
             raise KeyError(", ".join(sorted(missing)))
         files = list(info["sha256"].items())
-    except FileNotFoundError:
-        raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint") from None
+    except (FileNotFoundError, NotADirectoryError):  # (an earlier version's ckpt-*.pt: its save_hf exports it)
+        raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint "
+                        f"directory") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
-    for name, digest in files:
+    for name, digest in files if verify else []:
         try:
             found = sha256(os.path.join(path, name))
         except OSError as e:

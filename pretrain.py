@@ -38,7 +38,6 @@ import itertools
 import math
 import os
 import pickle
-import re
 import shutil
 import time
 import warnings
@@ -282,7 +281,8 @@ def shard(model, runtime):
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if runtime.kind == "cuda" else MixedPrecisionPolicy()
     outer = [model.encoder.embeddings, model.head]
-    for unit in [*model.encoder.layers, *model.pretraining_layers, *([outer] if model.config.tie_embeddings else outer)]:
+    outer = [outer] if model.config.tie_embeddings else outer
+    for unit in [*model.encoder.layers, *model.pretraining_layers, *outer]:
         fully_shard(unit, mp_policy=policy)
     return fully_shard(model, mp_policy=policy)
 
@@ -324,8 +324,7 @@ def weights_are_sound(model, batch, runtime):
 
 def checkpoint_paths(out_dir):
     """Complete checkpoints, oldest first: ckpt-STEP directories with their checkpoint.json."""
-    paths = glob.glob(os.path.join(out_dir, "ckpt-*", CHECKPOINT_INFO))
-    return sorted(os.path.dirname(p) for p in paths if re.fullmatch(r"ckpt-\d{8}", os.path.basename(os.path.dirname(p))))
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, "ckpt-" + "[0-9]" * 8, CHECKPOINT_INFO)))
 
 
 def newest_intact_checkpoint(out_dir, log):
@@ -403,7 +402,7 @@ def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path
     if len(extra["rng"]) == runtime.world_size:
         runtime.set_rng_state(extra["rng"][runtime.rank])
     else:
-        log(f"note: {path} was written by {len(extra['rng'])} process(es); dropout draws anew in these {runtime.world_size}")
+        log(f"note: {path} was written by {len(extra['rng'])} process(es); dropout draws anew in these")
         torch.manual_seed(cfg.seed + 1 + runtime.rank + info["step"] * runtime.world_size)
     log(f"resumed from {path} at step {info['step']}")
     if cfg.steps != info["train_config"]["steps"]:  # --steps may grow
@@ -494,8 +493,8 @@ def train(model_config, cfg):
             raise DataError(f"--batch-size {cfg.batch_size} does not split over this host's "
                             f"{xr.addressable_runtime_device_count()} devices")
     if glob.glob(os.path.join(cfg.out_dir, "ckpt-*.pt")):
-        raise DataError(f"{cfg.out_dir} holds checkpoints of an earlier pretrain.py (ckpt-*.pt files): continue them "
-                        f"with that version, or choose another --out-dir (fine-tuning reads them as they are)")
+        raise DataError(f"{cfg.out_dir} holds checkpoints of an earlier pretrain.py (ckpt-*.pt): continue them with "
+                        f"that version (its model.save_hf exports one for today's scripts), or choose another --out-dir")
     resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
     if resumed and not os.path.exists(cfg.tokenizer):  # never a new tokenizer for a run that has one
         saved = resumed[1]["tokenizer"]["path"]

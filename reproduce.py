@@ -307,10 +307,12 @@ def summarize(results, baselines, p, out_dir, preset):
              f"{baselines['unigram']['accuracy']:.2f} | | |",
              f"| most frequent tag of each word | | | {baselines['majority']['en']:.2f} | "
              f"{baselines['majority']['zero_shot']:.2f} |",
-             f"| {RANDOM} (E_in {p.small}), fine-tuned | | | {cell([r['panx']['en'] for r in sound(results, RANDOM)])} | "
+             f"| {RANDOM} (E_in {p.small}), fine-tuned | | | "
+             f"{cell([r['panx']['en'] for r in sound(results, RANDOM)])} | "
              f"{cell([r['panx']['zero_shot'] for r in sound(results, RANDOM)])} |", "",
              "| model | PT / FT params | held-out MLM loss | MLM acc. | PAN-X F1 en | PAN-X F1 zero-shot | collapsed "
-             "| paper: row | NER F1 | MLM acc. |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
+             "| paper: row | NER F1 | MLM acc. |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for name, paper in zip(models(p), PAPER):
         runs, counts = sound(results, name), next(iter(results[name].values()))["parameters"]
         lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M | "
@@ -376,7 +378,8 @@ def main(argv=None):
     tokenizer = data.Tokenizer(tokenizer_file)
     heldout = heldout_batches(p, corpus, tokenizer)
     baselines = {"unigram": unigram_baseline(p, corpus, tokenizer, heldout), "majority": majority_tagger(p, cfg.panx)}
-    print(f"baselines: {baselines['unigram']}, most frequent tag: {baselines['majority']['en']:.2f} F1 (en)", flush=True)
+    print(f"baselines: unigram model {baselines['unigram']}, most frequent tag {baselines['majority']['en']:.2f} "
+          f"F1 (en)", flush=True)
     jobs = [(name, seed) for name in [*models(p), RANDOM] for seed in range(p.seeds)
             if str(seed) not in results.get(name, {})]
     workers = 1 if cfg.device == "cuda" else max(1, min(len(jobs), os.cpu_count() or 1, 2))

@@ -47,6 +47,10 @@ def batches_of(loader, n):
 # ----------------------------------------------------------------------------------------------
 # Tokenizer
 
+def decode(tokenizer, ids):
+    return tokenizer.sp.decode([int(i) for i in ids])
+
+
 def test_tokenizer_special_pieces_and_offsets_into_the_original_text(tokenizer):
     assert (tokenizer.pad_id, tokenizer.unk_id, tokenizer.cls_id, tokenizer.sep_id, tokenizer.mask_id) == (0, 1, 2, 3, 4)
     assert tokenizer.vocab_size == 1000
@@ -65,7 +69,7 @@ def test_tokenizer_special_pieces_and_offsets_into_the_original_text(tokenizer):
     visible = "".join(c for c in text if not tokenizer.is_blank(c))
     assert "".join(text[s:e] for s, e in offsets) == visible  # every visible character once, in order
     assert text[offsets[0][0]:offsets[2][1]].startswith("Ｔｈ")  # the original full-width text, not "Th"
-    assert tokenizer.decode(tokenizer.encode("the harbour town")) == "the harbour town"
+    assert decode(tokenizer, tokenizer.encode("the harbour town")) == "the harbour town"
 
 
 def test_every_character_has_pieces_of_its_own(tokenizer):
@@ -78,7 +82,7 @@ def test_every_character_has_pieces_of_its_own(tokenizer):
     assert covered == {i for i, c in enumerate(text) if c != " "}
     ends = {end for _, end in offsets}
     assert all(i + 1 in ends for i, c in enumerate(text) if c != " ")  # a span may end after any character
-    assert tokenizer.decode(ids) == text
+    assert decode(tokenizer, ids) == text
 
 
 def test_special_pieces_are_found_by_name_and_a_missing_one_is_an_error(tmp_path):
@@ -97,35 +101,42 @@ def test_special_pieces_are_found_by_name_and_a_missing_one_is_an_error(tmp_path
         data.Tokenizer(str(tmp_path / "bare.model"))
 
 
+def checkpoint_with(path, tokenizer):
+    """A directory with what tokenizer_for reads of a pretrain.py checkpoint: its checkpoint.json."""
+    path.mkdir()
+    (path / "checkpoint.json").write_text(json.dumps({"config": {}, "train_config": {}, "step": 1, "sha256": {},
+                                                      "tokenizer": tokenizer}))
+    return path.name
+
+
 def test_a_model_finds_its_own_tokenizer_and_refuses_another(tokenizer, tmp_path, monkeypatch):
     other = data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 600, str(tmp_path / "other")))
     # A pretrain.py checkpoint records its tokenizer by absolute path and digest: found from any directory.
     record = {"path": str(Path(tokenizer.model_file).resolve()), "sha256": tokenizer.sha256}
-    torch.save({"model": {}, "tokenizer": record}, tmp_path / "ckpt.pt")
+    checkpoint = checkpoint_with(tmp_path / "ckpt-00000001", record)
     monkeypatch.chdir(tmp_path)
-    assert data.tokenizer_for("ckpt.pt").model_file == record["path"]
-    assert data.tokenizer_for("ckpt.pt", tokenizer.model_file).sha256 == tokenizer.sha256  # the same model
-    with pytest.raises(data.DataError, match=r"other.model is not the tokenizer ckpt.pt was trained with"):
-        data.tokenizer_for("ckpt.pt", other.model_file)
+    assert data.tokenizer_for(checkpoint).model_file == record["path"]
+    assert data.tokenizer_for(checkpoint, tokenizer.model_file).sha256 == tokenizer.sha256  # the same model
+    with pytest.raises(data.DataError, match=r"other.model is not the tokenizer ckpt-00000001 was trained with"):
+        data.tokenizer_for(checkpoint, other.model_file)
     # A Hugging Face directory: its sentencepiece.model.
     (tmp_path / "hf").mkdir()
     (tmp_path / "hf" / "sentencepiece.model").write_bytes(Path(tokenizer.model_file).read_bytes())
     assert data.tokenizer_for("hf").sha256 == tokenizer.sha256
     with pytest.raises(data.DataError, match=r"is not the tokenizer hf was trained with"):
         data.tokenizer_for("hf", other.model_file)
-    torch.save({"model": {}, "tokenizer": {**record, "path": str(tmp_path / "moved.model")}}, tmp_path / "moved.pt")
+    moved = checkpoint_with(tmp_path / "moved", {**record, "path": str(tmp_path / "moved.model")})
     with pytest.raises(data.DataError, match=r"moved.model, which is not there \(moved\?\); pass --tokenizer"):
-        data.tokenizer_for("moved.pt")
-    assert data.tokenizer_for("moved.pt", tokenizer.model_file).sha256 == tokenizer.sha256
+        data.tokenizer_for(moved)
+    assert data.tokenizer_for(moved, tokenizer.model_file).sha256 == tokenizer.sha256
     changed = tmp_path / "changed.model"
     changed.write_bytes(Path(other.model_file).read_bytes())
-    torch.save({"model": {}, "tokenizer": {"path": str(changed), "sha256": tokenizer.sha256}}, tmp_path / "c.pt")
-    with pytest.raises(data.DataError, match=r"changed.model has changed since c.pt was trained with it"):
-        data.tokenizer_for("c.pt")
-    for bare in ({"model": {}}, torch.zeros(3)):  # no tokenizer record, or not even a dict
-        torch.save(bare, tmp_path / "bare.pt")
-        with pytest.raises(data.DataError, match=r"bare.pt: no tokenizer was saved with it; pass --tokenizer"):
-            data.tokenizer_for("bare.pt")
+    checkpoint = checkpoint_with(tmp_path / "c", {"path": str(changed), "sha256": tokenizer.sha256})
+    with pytest.raises(data.DataError, match=r"changed.model has changed since c was trained with it"):
+        data.tokenizer_for(checkpoint)
+    (tmp_path / "bare").mkdir()  # neither a checkpoint's record nor a sentencepiece.model
+    with pytest.raises(data.DataError, match=r"bare: no tokenizer was saved with it; pass --tokenizer"):
+        data.tokenizer_for("bare")
 
 
 def test_vocabulary_sizes_are_soft_limits_above_the_byte_pieces(tmp_path):
@@ -211,7 +222,7 @@ def test_languages_are_drawn_with_alpha_smoothed_frequencies(tokenizer, tmp_path
     scripts = Counter()
     for batch in batches_of(loader, 400):
         for row in restore(batch):
-            text = tokenizer.decode(row[1:-1])
+            text = decode(tokenizer, row[1:-1])
             scripts["ru" if re.search("[а-я]", text) else "el" if re.search("[α-ω]", text) else "en"] += 1
     n = sum(scripts.values())
     for lang, p in loader.probabilities.items():  # 20 : 10 : 5, within 4 standard deviations
@@ -226,7 +237,7 @@ def test_a_language_with_fewer_lines_than_streams_keeps_its_share(tokenizer, tmp
     write_lines(tmp_path / "ru.txt", [line for line in (REPO / "sample_data" / "ru.txt").read_text().split("\n")
                                       if line][:3])
     loader = data.MLMLoader(str(tmp_path), tokenizer, batch_size=16, seq_len=24, max_predictions=4, seed=8)
-    russian = sum(bool(re.search("[а-я]", tokenizer.decode(row[1:-1]))) for batch in batches_of(loader, 100)
+    russian = sum(bool(re.search("[а-я]", decode(tokenizer, row[1:-1]))) for batch in batches_of(loader, 100)
                   for row in restore(batch))
     p = 3 ** 0.5 / (3 ** 0.5 + 20)
     assert russian / 1600 == pytest.approx(p, abs=4 * (p * (1 - p) / 1600) ** 0.5)
@@ -271,7 +282,7 @@ def test_ranks_and_workers_read_disjoint_shares_covering_every_line_once(tokeniz
                 streams.setdefault((worker, b), []).extend(row[1:-1].tolist())
         assert len(streams) == 4
         for pieces in streams.values():
-            numbers = re.findall(r"N([a-j]{5})", tokenizer.decode(pieces))
+            numbers = re.findall(r"N([a-j]{5})", decode(tokenizer, pieces))
             first_pass = numbers[:next(i for i, n in enumerate(numbers) if n in numbers[:i])]  # until a repeat
             seen.update(first_pass)
     assert sorted(seen) == [letters(i) for i in range(360)] and set(seen.values()) == {1}

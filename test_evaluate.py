@@ -642,44 +642,53 @@ def test_mlm_accuracy_matches_a_direct_computation():
     assert result["loss"] == pytest.approx(loss.item(), rel=1e-5)
 
 
+def write_checkpoint(path, model, tokenizer=None, config=None):
+    """A pretrain.py checkpoint directory of `model` with what its readers read: the weights and checkpoint.json."""
+    import hashlib
+    from dataclasses import asdict
+    import torch.distributed.checkpoint as dcp
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(path), no_dist=True)
+    digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in Path(path).iterdir()}
+    (Path(path) / "checkpoint.json").write_text(json.dumps({"step": 1, "config": asdict(config or model.config),
+                                                            "train_config": {}, "tokenizer": tokenizer,
+                                                            "sha256": digests}))
+    return str(path)
+
+
 def test_load_masked_lm_checkpoint(tmp_path):
     import torch
-    from dataclasses import asdict
     from model import MaskedLM
     model = MaskedLM(tiny_config())
-    torch.save({"model": model.state_dict(), "config": asdict(model.config), "step": 1}, tmp_path / "ckpt.pt")
-    loaded = MaskedLM.from_checkpoint(tmp_path / "ckpt.pt")
+    loaded = MaskedLM.from_checkpoint(write_checkpoint(tmp_path / "ckpt", model))
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor)
-    torch.save({"model": model.state_dict(), "config": asdict(tiny_config(hidden_size=16))}, tmp_path / "bad.pt")
-    with pytest.raises(ValueError, match="bad.pt: the weights do not fit"):
-        MaskedLM.from_checkpoint(tmp_path / "bad.pt")
-    torch.save({"model": model.state_dict()}, tmp_path / "bad.pt")
-    with pytest.raises(ValueError, match="not a pretrain.py checkpoint"):
-        MaskedLM.from_checkpoint(tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="bad: the weights do not fit"):
+        MaskedLM.from_checkpoint(write_checkpoint(tmp_path / "bad", model, config=tiny_config(hidden_size=16)))
+    torch.save({"model": model.state_dict()}, tmp_path / "ckpt.pt")  # an earlier version's file, or another's
+    with pytest.raises(ValueError, match="ckpt.pt: no checkpoint.json: an interrupted save, or not a pretrain.py"):
+        MaskedLM.from_checkpoint(tmp_path / "ckpt.pt")
 
 
 def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path):
     import torch
-    from dataclasses import asdict
     import data
     from model import MaskedLM
     ours, other = (data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), n, str(tmp_path / name)))
                    for n, name in ((500, "ours"), (400, "other")))
     model = MaskedLM(tiny_config(vocab_size=500))
-    torch.save({"model": model.state_dict(), "config": asdict(model.config),
-                "tokenizer": {"path": ours.model_file, "sha256": ours.sha256}}, tmp_path / "ckpt.pt")
-    command = [sys.executable, "evaluate.py", "mlm-accuracy", "--checkpoint", str(tmp_path / "ckpt.pt"),
+    checkpoint = write_checkpoint(tmp_path / "ckpt", model, {"path": ours.model_file, "sha256": ours.sha256})
+    command = [sys.executable, "evaluate.py", "mlm-accuracy", "--checkpoint", checkpoint,
                "--data", str(REPO / "sample_data" / "en.txt"), "--batches", "1", "--batch-size", "2", "--seq-len", "32"]
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0 and json.loads(out.stdout)["predictions"] > 0, out.stderr
     out = subprocess.run(command + ["--tokenizer", other.model_file], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert f"{other.model_file} is not the tokenizer {tmp_path / 'ckpt.pt'} was trained with" in out.stderr
-    # Another program's checkpoint (finetune.py's training state) is named as such, not sent for a tokenizer.
-    torch.save({"model": model.state_dict(), "optimizer": {}, "step": 1, "rng": []}, tmp_path / "ckpt.pt")
+    assert f"{other.model_file} is not the tokenizer {checkpoint} was trained with" in out.stderr
+    # Another program's file (finetune.py's training state) is named as such, not sent for a tokenizer.
+    torch.save({"model": model.state_dict(), "optimizer": {}, "step": 1, "rng": []}, tmp_path / "state.pt")
+    command[command.index(checkpoint)] = str(tmp_path / "state.pt")
     out = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 2 and "ckpt.pt: not a pretrain.py checkpoint" in out.stderr, out.stderr
+    assert out.returncode == 2 and "state.pt: no checkpoint.json" in out.stderr, out.stderr
 
 
 def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(tmp_path, capsys):

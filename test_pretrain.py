@@ -500,9 +500,9 @@ def test_torchrun_two_processes_match_one_process_with_the_global_batch(tokenize
 def torchrun(tokenizer, out_dir, *extra, processes=2):
     """pretrain.py under torchrun on CPU (gloo): its log. gloo may abort at exit after the run has finished, so the
     run is judged by its output, not its exit code."""
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}",
-                          "pretrain.py", *tiny_args(tokenizer, out_dir, *extra)], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          f"--nproc_per_node={processes}", "pretrain.py", *tiny_args(tokenizer, out_dir, *extra)],
+                         cwd=REPO, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert "done:" in run.stdout, run.stdout[-2000:] + run.stderr[-3000:]
     return run.stdout
 

@@ -21,7 +21,8 @@ TASKS = ["--panx", str(SHARED / "ner" / "panx-full"), "--xquad", str(SHARED / "x
 
 def test_the_unigram_model_predicts_piece_frequencies(tmp_path, monkeypatch):
     """The stream's masked targets (10 x 3 of piece 7, 10 x 1 of piece 9) against held-out targets 7, 9, 9."""
-    train = [{"masked_ids": torch.tensor([[7, 7, 9], [7, 0, 0]]), "masked_weights": torch.tensor([[1., 1, 1], [1, 0, 0]])}]
+    train = [{"masked_ids": torch.tensor([[7, 7, 9], [7, 0, 0]]),
+              "masked_weights": torch.tensor([[1., 1, 1], [1, 0, 0]])}]
     heldout = [{"masked_ids": torch.tensor([[7, 9, 9, 3]]), "masked_weights": torch.tensor([[1., 1, 1, 0]])}]
     monkeypatch.setattr(data, "MLMLoader", lambda *a, **k: iter(train * 100))
     p = SimpleNamespace(batch_size=2, seq_len=20, eval_batches=1)
