@@ -4,7 +4,7 @@ clipping at norm 1, linear warm-up then linear decay), on CPU, CUDA GPUs or TPUs
 
 `python pretrain.py` with no arguments is a complete small run: it trains a SentencePiece tokenizer
 on the bundled multilingual sample corpus (sample_data/) if there is none yet, then pre-trains the
-`tiny` config on it for 800 steps (about 4 minutes on 2 CPU cores), logging loss, masked-LM
+`tiny` config on it for 800 steps (2-4 minutes on 2 CPU cores), logging loss, masked-LM
 accuracy, learning rate, tokens/s and time left, and writes checkpoints to out/pretrain/.
 
 Any config of configs.py by name, any ModelConfig field and any training option (TrainConfig below)
