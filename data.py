@@ -27,6 +27,7 @@ per line, a blank line between documents; a file's language is its name up to th
 import collections
 import csv
 import functools
+import glob
 import hashlib
 import io
 import itertools
@@ -35,7 +36,6 @@ import os
 import random
 import re
 import tempfile
-import warnings
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -59,15 +59,16 @@ MAX_LINE = 8192  # characters: a longer corpus line is read as several (see in_p
 # Corpus files: languages, line counts and digests, documents by byte range
 
 def corpus_files(data):
-    """{language: [paths]} from a file, a directory (its *.txt) or a list of them."""
+    """{language: [paths]} from a file, a directory (its *.txt, and its folders') or a list of them."""
     if isinstance(data, dict):  # (not {language: files}: a file's language is its name)
         raise TypeError("corpus files: a file, a directory or a list of them, not a dict")
     langs = {}
     for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
         found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
-            os.path.join(path, f) for f in os.listdir(path) if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", f))
+            p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True, include_hidden=True)
+            if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", p))
         if not found:
-            raise DataError(f"{path}: no *.txt files in this directory")
+            raise DataError(f"{path}: no *.txt files in this directory or its folders")
         for p in found:
             if os.path.basename(p).startswith("."):
                 raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")
@@ -136,9 +137,11 @@ def read_chunk(path, start, stop, size):
         if os.fstat(f.fileno()).st_size != size:  # (the shares and the saved state are of that size)
             raise DataError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} when this run counted its lines: "
                             f"changed while it was read; restore it, or start a new run")
-        if start > 0:
+        if start > 0:  # the line holding byte start - 1 belongs to the range before
             f.seek(start - 1)
-            f.readline()  # the line holding byte start - 1 belongs to the range before
+            if (end := f.read(stop - start + 1).find(b"\n")) < 0:  # (a long line's middle: not read to its end)
+                return []
+            f.seek(start + end)
         begin = f.tell()
         if begin >= stop:
             return []

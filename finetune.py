@@ -42,7 +42,7 @@ from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least,
                      parse_command_line, run_script)
 from model import (CHECKPOINT_INFO, DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier,
                    load_checkpoint, save_hf)
-from pretrain import build_optimizer, claimed, launch, lr_at, remove_partial_saves, setup_runtime, weights_are_sound
+from pretrain import build_optimizer, claim, launch, lr_at, remove_partial_saves, setup_runtime, weights_are_sound
 
 
 @dataclass(frozen=True)
@@ -636,6 +636,7 @@ def average(rows):  # of each metric, over a list of {metric: value}
 
 def run(cfg):
     runtime = setup_runtime(cfg.device)
+    out_dir_lock = claim(cfg.out_dir) if runtime.is_main else None  # (held until the run returns)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     task = TASKS[cfg.task]
@@ -713,8 +714,7 @@ def main(argv=None):
     if argv[:1] == ["predict"]:
         return predict_file(parse_command_line(__doc__, {"predict": PredictConfig}, argv)[1])
     _, cfg = parse_command_line(__doc__, FinetuneConfig, argv)
-    with claimed(cfg.out_dir):
-        return launch(run, cfg.device, cfg)
+    return launch(run, cfg.device, cfg)
 
 
 if __name__ == "__main__":

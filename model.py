@@ -360,9 +360,10 @@ def read_checkpoint_info(path, verify=True):
         if missing := {"config", "train_config", "step", "tokenizer", "sha256"} - info.keys():
             raise KeyError(", ".join(sorted(missing)))
         files = list(info["sha256"].items())
-    except (FileNotFoundError, NotADirectoryError):  # (an earlier version's ckpt-*.pt: its save_hf exports it)
-        raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint "
-                        f"directory") from None
+    except (FileNotFoundError, NotADirectoryError):
+        raise DataError(f"{path}: no such checkpoint" if not os.path.exists(path) else f"{path}: no {CHECKPOINT_INFO}: "
+                        f"an interrupted save, or not a pretrain.py checkpoint directory (an earlier version's "
+                        f"ckpt-*.pt: that version's save_hf exports it)") from None
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
     for name, digest in files if verify else []:

@@ -56,8 +56,8 @@ from model import CHECKPOINT_INFO, DataError, MaskedLM, ModelConfig, count_param
 @dataclass
 class TrainConfig:
     config: str = flag("tiny", f"model from configs.py: {', '.join(CONFIGS)}", one_of(CONFIGS))
-    data: str = flag("sample_data", "a text file or a directory of *.txt files, one sentence per line, a blank "
-                                    "line between documents", GIVEN)
+    data: str = flag("sample_data", "a text file or a directory of *.txt files (its folders' too), one sentence per "
+                                    "line, a blank line between documents", GIVEN)
     tokenizer: str = flag("out/tokenizer/spm.model", "SentencePiece model; trained on --data with the config's "
                           "vocab_size if missing", (lambda v: v.endswith(".model"), "a file name ending in .model"))
     out_dir: str = flag("out/pretrain", "where checkpoints go", GIVEN)
@@ -411,24 +411,21 @@ def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path
     return info["step"]
 
 
-@contextlib.contextmanager
-def claimed(out_dir):
-    """Hold a lock on out_dir/.lock (for a job: torchrun's rank 0, or XLA's launcher) while a run writes there: a
-    second run started on it meanwhile would delete this one's checkpoints, so that one stops at once instead. A
-    POSIX lock: the process's own (its forked workers do not hold it), gone when it ends however it ends."""
-    if os.environ.get("RANK", "0") != "0":
-        yield
-        return
+def claim(out_dir):
+    """Lock out_dir/.lock while this run (its main process) writes there: a second run started on it meanwhile would
+    delete this one's checkpoints, so that one stops at once instead. A POSIX lock: the process's own (its forked
+    workers do not hold it), held while the returned file is open, gone when the process ends however it ends."""
     import fcntl  # (POSIX only, as is this lock)
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, ".lock"), "a") as lock:
-        try:
-            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except (BlockingIOError, PermissionError):  # (held elsewhere: EAGAIN or EACCES, by the system)
-            raise DataError(f"{out_dir} is in use by another run: wait for it, or choose another --out-dir") from None
-        except OSError as e:  # a file system without locks
-            warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
-        yield
+    lock = open(os.path.join(out_dir, ".lock"), "a")
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # (held elsewhere: EAGAIN or EACCES, by the system)
+        lock.close()
+        raise DataError(f"{out_dir} is in use by another run: wait for it, or choose another --out-dir") from None
+    except OSError as e:  # a file system without locks
+        warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
+    return lock
 
 
 def remove_partial_saves(pattern, log):
@@ -484,6 +481,7 @@ def ensure_tokenizer(cfg, model_config, runtime, log):
 
 def train(model_config, cfg):
     runtime = setup_runtime(cfg.device, cfg.fsdp)
+    out_dir_lock = claim(cfg.out_dir) if runtime.is_main else None  # (held until the run returns)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)"
         + (f", weights sharded ({'SPMD' if runtime.mesh else 'FSDP2'})" if runtime.fsdp else ""))
@@ -494,8 +492,9 @@ def train(model_config, cfg):
                             f"{xr.addressable_runtime_device_count()} devices")
     if glob.glob(os.path.join(cfg.out_dir, "ckpt-*.pt")):
         raise DataError(f"{cfg.out_dir} holds checkpoints of an earlier pretrain.py (ckpt-*.pt): continue them with "
-                        f"that version (its model.save_hf exports one for today's scripts), or choose another --out-dir")
-    resumed = newest_intact_checkpoint(cfg.out_dir, log) if cfg.resume and checkpoint_paths(cfg.out_dir) else None
+                        f"that version (its model.save_hf exports one for these scripts), or choose another --out-dir")
+    resumed = runtime.gather_object(newest_intact_checkpoint(cfg.out_dir, log) if runtime.is_main and cfg.resume
+                                    and checkpoint_paths(cfg.out_dir) else None)[0]  # (its files read once)
     if resumed and not os.path.exists(cfg.tokenizer):  # never a new tokenizer for a run that has one
         saved = resumed[1]["tokenizer"]["path"]
         if not os.path.exists(saved):
@@ -613,8 +612,7 @@ def _without_index(index, function, *args):  # torch_xla.launch passes the proce
 
 def main(argv=None):
     model_config, train_config = parse_args(argv)
-    with claimed(train_config.out_dir):
-        launch(train, train_config.device, model_config, train_config, processes=not train_config.fsdp)
+    launch(train, train_config.device, model_config, train_config, processes=not train_config.fsdp)
 
 
 if __name__ == "__main__":

@@ -244,6 +244,12 @@ def final(run, key):  # the held-out loss (1) or accuracy (2) at the end of pre-
     return run["curve"][-1][{"loss": 1, "accuracy": 2}[key]]
 
 
+def collapsed(run, unigram):
+    """Whether a run learned no more than piece frequencies: its final held-out loss is within MARGIN of the unigram
+    model's, or its accuracy no better than always predicting the most frequent piece."""
+    return final(run, "loss") > unigram["loss"] - MARGIN or final(run, "accuracy") <= unigram["accuracy"]
+
+
 def sound(results, name):
     return [run for run in results.get(name, {}).values() if not run.get("collapsed")]
 
@@ -364,7 +370,7 @@ def main(argv=None):
     p.seeds = cfg.seeds or p.seeds
     started = time.time()
     print(f"preset {preset}: {vars(p)}", flush=True)
-    where = {k: os.path.relpath(os.path.realpath(getattr(cfg, k)), REPO) for k in ("data", "panx", "xquad")}
+    where = {k: os.path.relpath(os.path.abspath(getattr(cfg, k)), REPO) for k in ("data", "panx", "xquad")}
     setup = {"preset": vars(p), **where}
     results_path = os.path.join(cfg.out_dir, "results.json")
     stored = evaluate.read_json(results_path) if os.path.exists(results_path) else {"setup": setup, "results": {}}
@@ -391,7 +397,7 @@ def main(argv=None):
             name, seed = futures[future]
             run = future.result()
             if "curve" in run:  # no better than piece frequencies: kept, marked, left out of every claim
-                run["collapsed"] = final(run, "loss") > baselines["unigram"]["loss"] - MARGIN
+                run["collapsed"] = collapsed(run, baselines["unigram"])
             results.setdefault(name, {})[str(seed)] = run
             elapsed = time.time() - started
             data.write_json(results_path, {"setup": setup, "baselines": baselines, "results": results,

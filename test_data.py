@@ -5,6 +5,7 @@ and line; CRLF and a byte order mark are read alike)."""
 
 import functools
 import hashlib
+import io
 import itertools
 import json
 import os
@@ -383,7 +384,7 @@ def test_a_saved_state_must_fit_the_data_and_settings_but_not_the_path(tokenizer
         other.load_state_dict(relative.state_dict())
     (moved / "de.txt").write_text((moved / "de.txt").read_text() + "Noch ein Satz.\n")
     changed = data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32)
-    with pytest.raises(data.DataError, match=r"the corpus files \(language, name, size, lines, SHA-256\) \['de', 'de.txt', "):
+    with pytest.raises(data.DataError, match=r"files \(language, name, size, lines, SHA-256\) \['de', 'de.txt', "):
         changed.load_state_dict(relative.state_dict())
     # Edited in place to the same size, but two lines where there was one: the languages' shares have changed.
     state = changed.state_dict()
@@ -398,6 +399,15 @@ def test_a_saved_state_must_fit_the_data_and_settings_but_not_the_path(tokenizer
     os.utime(moved / "fr.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     with pytest.raises(data.DataError, match=r"\['fr', 'fr.txt', \d+, \d+, '[0-9a-f]{64}'\] then"):
         data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32).load_state_dict(state)
+
+
+def test_a_corpus_directory_is_read_with_its_folders(tmp_path):
+    for path in ("en.txt", "tatoeba/de.txt", "novels/en.botchan.txt", "novels/notes.md"):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text("a line\n")
+    found = data.corpus_files(str(tmp_path))
+    assert found == {"de": [str(tmp_path / "tatoeba" / "de.txt")],
+                     "en": [str(tmp_path / "en.txt"), str(tmp_path / "novels" / "en.botchan.txt")]}
 
 
 def test_lines_and_digests_are_counted_in_parallel_and_checked(tmp_path):
@@ -421,12 +431,24 @@ def test_a_corpus_file_changed_while_it_is_streamed_is_named(tokenizer, tmp_path
             next(batches)
 
 
-def test_a_long_line_is_read_in_parts(tmp_path):
+def test_a_long_line_is_read_in_parts_and_once(tmp_path, monkeypatch):
     corpus = tmp_path / "en.txt"
     corpus.write_text("short\n" + "x" * (2 * data.MAX_LINE + 5) + "\nend\n")
     size = corpus.stat().st_size
     assert data.read_chunk(str(corpus), 0, size, size) == [["short", "x" * data.MAX_LINE, "x" * data.MAX_LINE, "xxxxx",
                                                            "end"]]
+    # A range inside the long line holds no line's start: nothing is read past it (a 50 MB line read to its end
+    # for each of its ranges was 76 GB a pass).
+    (corpus := tmp_path / "de.txt").write_text("a\n" + "x" * 10**6 + "\nb\n")
+    read = []
+
+    class Counted(io.FileIO):
+        def read(self, n=-1):
+            read.append(len(out := super().read(n)))
+            return out
+
+    monkeypatch.setattr(data, "open", lambda path, mode: Counted(path, "rb"), raising=False)
+    assert data.read_chunk(str(corpus), 1000, 2000, corpus.stat().st_size) == [] and sum(read) <= 1001
 
 
 def test_a_corpus_file_changed_after_counting_is_named_not_decoded_wrongly(tokenizer, tmp_path):

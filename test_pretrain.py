@@ -343,9 +343,9 @@ def test_a_run_resumed_on_another_kind_of_device_goes_on_and_says_so():
 
 
 def hold_out_dir(out_dir):
-    """Another process holding out_dir as a running pretrain.py or finetune.py does (pretrain.claimed)."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, pretrain\nwith pretrain.claimed(sys.argv[1]):\n"
-                               "    print('held', flush=True)\n    time.sleep(600)", str(out_dir)],
+    """Another process holding out_dir as a running pretrain.py or finetune.py does (pretrain.claim)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, pretrain\nlock = pretrain.claim(sys.argv[1])\n"
+                               "print('held', flush=True)\ntime.sleep(600)", str(out_dir)],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"
     return holder
@@ -515,23 +515,30 @@ def resumed_from(source, step, out_dir):
 
 @pytest.mark.parametrize("tied", [False, True])
 def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenizer, tmp_path, tied):
-    """--fsdp (FSDP2 on gloo) computes the one-process run at the same global batch (4 x 1 x 1 = 2 x 1 x 2);
-    its checkpoint, sharded in two, resumes on two processes bitwise and on one (and a one-process checkpoint
-    on two) within float32's rounding."""
+    """--fsdp (FSDP2 on gloo) computes the one-process run at the same global batch (4 x 2 x 1 = 2 x 2 x 2); its
+    checkpoint, sharded in two, resumes on two processes bitwise and on one, sharded or not (and a one-process
+    checkpoint on two), within float32's rounding."""
     common = ["--steps", "6", "--checkpoint-every", "3", "--keep", "2", "--grad-accum", "2", "--warmup", "2"]
     if tied:
         common += ["--tie-embeddings", "--input-embedding-size", "64", "--output-embedding-size", "64"]
-    one = run_script(tokenizer, tmp_path / "one", *common, "--batch-size", "4",
-                     env={**os.environ, "OMP_NUM_THREADS": "1"})
+    single = lambda *a: run_script(tokenizer, *a, env={**os.environ, "OMP_NUM_THREADS": "1"})  # noqa: E731
+    one = single(tmp_path / "one", *common, "--batch-size", "4")
     fsdp = torchrun(tokenizer, tmp_path / "fsdp", *common, "--batch-size", "2", "--fsdp")
     assert "2 process(es), weights sharded (FSDP2)" in fsdp
     assert logged(fsdp, "loss") == pytest.approx(logged(one, "loss"), rel=1e-5)
     shards = sorted(p.name for p in (tmp_path / "fsdp" / "ckpt-00000006").iterdir())
     assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "checkpoint.json"]  # each process its own
     straight = final_state(tmp_path / "fsdp")
+    # 2 -> 1, sharded over the one process (tied) or not; and 1 -> 2
+    for out, run, source, reference, flags in (
+            ("two-to-one", single, "fsdp", fsdp, ["--batch-size", "4", "--fsdp"] if tied else ["--batch-size", "4"]),
+            ("one-to-two", lambda *a: torchrun(tokenizer, *a), "one", one, ["--batch-size", "2", "--fsdp"])):
+        log = run(resumed_from(tmp_path / source, 3, tmp_path / out), *common, *flags, "--resume")
+        assert "was written by" in log and "resumed from" in log and "at step 3" in log
+        assert logged(log, "loss") == pytest.approx(logged(reference, "loss")[3:], rel=1e-5)
     if tied:  # one matrix, in and out, whatever the sharding
-        assert torch.equal(straight["model"]["head.decoder.weight"],
-                           straight["model"]["encoder.embeddings.word_embeddings.weight"])
+        for weights in (straight["model"], final_state(tmp_path / "two-to-one")["model"]):
+            assert torch.equal(weights["head.decoder.weight"], weights["encoder.embeddings.word_embeddings.weight"])
         model = MaskedLM.from_checkpoint(str(tmp_path / "fsdp" / "ckpt-00000006"))
         assert model.head.decoder.weight is model.encoder.embeddings.word_embeddings.weight
         return
@@ -541,39 +548,9 @@ def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenize
     resumed = final_state(tmp_path / "again")
     assert all(torch.equal(straight["model"][k], resumed["model"][k]) for k in straight["model"])
     assert logged(again, "loss") == logged(fsdp, "loss")[3:]
-    # 2 -> 1 (twice the accumulation, then without --fsdp) and 1 -> 2.
-    for out, run, source, reference in (
-            ("two-to-one", lambda *a: run_script(tokenizer, *a, env={**os.environ, "OMP_NUM_THREADS": "1"}),
-             "fsdp", fsdp),
-            ("one-to-two", lambda *a: torchrun(tokenizer, *a, "--fsdp"), "one", one)):
-        batch = ["--batch-size", "4"] if out == "two-to-one" else ["--batch-size", "2"]
-        log = run(resumed_from(tmp_path / source, 3, tmp_path / out), *common, *batch, "--resume")
-        assert "was written by" in log and "resumed from" in log and "at step 3" in log
-        assert logged(log, "loss") == pytest.approx(logged(reference, "loss")[3:], rel=1e-5)
     with pytest.raises(subprocess.CalledProcessError) as refused:  # another global batch: refused by name
-        run_script(tokenizer, resumed_from(tmp_path / "fsdp", 3, tmp_path / "other"), *common, "--batch-size", "2",
-                   "--resume")
+        single(resumed_from(tmp_path / "fsdp", 3, tmp_path / "other"), *common, "--batch-size", "2", "--resume")
     assert "global_batch 8 then, 4 now" in refused.value.stderr
-
-
-def xla_python():
-    """The torch 2.9 + torch-xla 2.9 environment; built here when missing (several minutes)."""
-    python = XLA_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(XLA_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.9.0", "torch-xla==2.9.0", "numpy",
-                        "sentencepiece>=0.2.2", "safetensors"], check=True)
-    return str(python)
-
-
-def test_running_out_of_xla_memory_is_said_first():
-    # torch-xla's error is a plain RuntimeError ("Out of memory allocating ...", on a TPU "RESOURCE_EXHAUSTED");
-    # its exit hook then reports the failed computation again and exits 1, which is torch-xla's to decide.
-    code = ("import torch, torch_xla; from configs import run_script; "
-            "run_script(lambda: torch.ones(10 ** 12, 64, device=torch_xla.device()).cpu())")
-    out = subprocess.run([xla_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PJRT_DEVICE": "CPU"})
-    assert out.returncode != 0 and out.stderr.startswith("-c: error: out of memory (Out of memory"), out.stderr
 
 
 def test_a_coupled_model_stays_coupled_on_xla_and_spmd_fsdp_is_the_one_device_run(tokenizer, tmp_path):

@@ -43,12 +43,16 @@ def test_the_majority_tagger_and_the_collapse_marker(tmp_path):
     scores = reproduce.majority_tagger(SimpleNamespace(max_train=0, max_eval=0), str(panx))
     assert scores["en"] == scores["zero_shot"] == pytest.approx(100 * 2 * 1 * 0.5 / 1.5)  # precision 1, recall 1/2
     p = SimpleNamespace(small=16, hidden=64, extra_layers=4)
-    run = lambda loss, acc, f1: {"curve": [[0, 9.0, 0.0], [1, loss, acc]], "panx": {"zero_shot": f1},  # noqa: E731
-                                 "collapsed": loss > 7.0 - reproduce.MARGIN}
-    results = {"E_out 16": {"0": run(6.95, 5.0, 10), "1": run(6.8, 5.2, 11)},  # 6.95 > 6.9: the first collapsed
+    unigram = {"loss": 7.0, "accuracy": 4.5}
+
+    def run(loss, accuracy, f1):
+        run = {"curve": [[0, 9.0, 0.0], [1, loss, accuracy]], "panx": {"zero_shot": f1}}
+        return {**run, "collapsed": reproduce.collapsed(run, unigram)}
+    results = {"E_out 16": {"0": run(6.95, 5.0, 10), "1": run(6.8, 5.2, 11)},  # 6.95 > 7.0 - 0.1: collapsed
                "E_out 64": {"0": run(6.5, 7.0, 12), "1": run(6.4, 7.1, 12)},
                "E_out 256": {"0": run(6.0, 9.0, 12), "1": run(6.1, 9.1, 13)}}
     assert results["E_out 16"]["0"]["collapsed"] and not results["E_out 16"]["1"]["collapsed"]
+    assert run(6.0, 4.5, 10)["collapsed"] and not run(6.89, 4.6, 10)["collapsed"]  # the most frequent piece's 4.5%
     claims = {claim: verdict for claim, _, verdict in reproduce.claims(results, p)}
     # One sound run of E_out 16 is no spread to compare against: not measured, not a verdict on one seed.
     assert claims["E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)"].startswith("not measured")
