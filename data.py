@@ -270,14 +270,14 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
                 for path in paths:
                     with open(path, encoding="utf-8-sig") as f:
                         for line in filter(None, (line.strip() for line in f)):
-                            out.write(as_lines(line) * repeats)
+                            out.write("".join(part + "\n" for part in in_parts(line)) * repeats)
                             chars.update(line * repeats)
                             seen += 1
                             if len(reservoir) < rest:
                                 reservoir.append(line)
                             elif (j := rng.randrange(seen)) < rest:
                                 reservoir[j] = line
-                out.writelines(map(as_lines, reservoir))
+                out.writelines(part + "\n" for line in reservoir for part in in_parts(line))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
         if room < 1:
@@ -297,10 +297,6 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
         except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
             raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
     return f"{model_prefix}.model"
-
-
-def as_lines(line):
-    return "".join(part + "\n" for part in in_parts(line))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import data
-from configs import (DEVICE, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of, parse_command_line,
+from configs import (DEVICE, GIVEN, POSITIVE, SEED, XQUAD, at_least, check_flags, flag, one_of, parse_command_line,
                      resolve_device, run_script)
 from model import DataError, MaskedLM
 
@@ -439,18 +439,15 @@ class ProbeConfig:
     checkpoint: str = flag("", "a pretrain.py checkpoint or a Hugging Face RemBERT dir", GIVEN)
     tokenizer: str = flag("", "SentencePiece model (default: the checkpoint's)")
     source: str = flag("data/xquad/xquad.en.json", "source sentences: SQuAD-format JSON, or a text file "
-                                                  "line-parallel to --target")
-    target: str = flag("data/xquad/xquad.de.json", "target sentences, parallel")
+                                                  "line-parallel to --target", XQUAD)
+    target: str = flag("data/xquad/xquad.de.json", "target sentences, parallel", XQUAD)
     unit: str = flag("questions", "JSON: pair the questions (by id) or the contexts", one_of(("questions", "contexts")))
     max_len: int = flag(128, "tokens per sentence, with [CLS] and [SEP]", at_least(3))
     batch_size: int = flag(32, "sentences per batch", POSITIVE)
     seed: int = flag(0, "seed of the fit/test split of the pairs", SEED)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
-    def __post_init__(self):
-        check_flags(self)
-        if missing := next((f for f in (self.source, self.target) if not Path(f).is_file()), None):
-            raise ValueError(f"{missing}: no such file (XQuAD: the README's \"Data\" section says where to get it)")
+    __post_init__ = check_flags
 
 
 def main(argv=None):

@@ -270,12 +270,9 @@ def shard(model, runtime):
     """Shard the MaskedLM's weights, their gradients and AdamW's state over the processes (or XLA's devices).
     FSDP2 as torchtitan applies it: a unit per Transformer layer, the embeddings and the MLM head (one unit when
     tied: a parameter belongs to one), then the rest; bf16 compute with float32 gradient reduction on CUDA.
-    SPMD: FSDPv2's layout, each parameter's first dimension split over the mesh's fsdp axis, marked on the
-    parameters themselves (torch-xla's wrapper would rename them) and left to the compiler to gather."""
+    SPMD: spmd_shard's layout, which the compiler follows for the gradients and AdamW's state."""
     if runtime.mesh:
-        import torch_xla.distributed.spmd as xs
-        for p in model.parameters():
-            xs.mark_sharding(p, runtime.mesh, ("fsdp",) + (None,) * (p.dim() - 1))
+        spmd_shard(model.parameters(), runtime.mesh)
         return model
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
@@ -285,6 +282,16 @@ def shard(model, runtime):
     for unit in [*model.encoder.layers, *model.pretraining_layers, *outer]:
         fully_shard(unit, mp_policy=policy)
     return fully_shard(model, mp_policy=policy)
+
+
+def spmd_shard(tensors, mesh):
+    """FSDPv2's layout (with shard_maximal): each tensor's largest dimension split over the mesh's fsdp axis (a
+    smaller one, as the 2 segment types, would leave it whole, which torch-xla's checkpoint reader cannot read),
+    marked on the tensors themselves (torch-xla's wrapper would rename the parameters)."""
+    import torch_xla.distributed.spmd as xs
+    for t in tensors:
+        largest = t.shape.index(max(t.shape))
+        xs.mark_sharding(t, mesh, tuple("fsdp" if d == largest else None for d in range(t.dim())))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -387,6 +394,8 @@ def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path
     if info["step"] > cfg.steps:
         raise DataError(f"{path} is at step {info['step']}, past --steps {cfg.steps}")
     model_state, optimizer_state = get_state_dict(model, optimizer)
+    if runtime.mesh:  # AdamW's moments, just made: laid out as their parameters (torch-xla's reader needs a layout)
+        spmd_shard([t for s in optimizer.state.values() for t in s.values() if t.device.type == "xla"], runtime.mesh)
     state = {"extra": b""}
     try:
         runtime.distributed_checkpoint(state, path, load=True)

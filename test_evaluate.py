@@ -439,10 +439,11 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
              "missing.txt"),
             (["mlm-accuracy", "--checkpoint", "c.pt", "--data", "d", "--tokenizer", "t", "--device", "xla"],
              "--device xla needs torch-xla"),
-            (["translation-probe", "--checkpoint", "c.pt", "--tokenizer", "t", "--max-len", "2"], "--max-len"),
+            (["translation-probe", "--checkpoint", "c.pt", "--tokenizer", "t", "--source", str(gold), "--target",
+              str(gold), "--max-len", "2"], "--max-len"),
             # No data/ (the default place of XTREME's files): where to get them, not a traceback.
             (["translation-probe", "--checkpoint", "c.pt", "--source", str(tmp_path / "none.json")],
-             "none.json: no such file (XQuAD: the README's \"Data\" section says where to get it)")):
+             "--source must be an existing file (XQuAD: the README's \"Data\" section says where to get it)")):
         out = subprocess.run([sys.executable, "evaluate.py", *command], cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 

@@ -275,7 +275,7 @@ def test_a_failed_save_names_its_directory_and_the_next_run_removes_it(tokenizer
     assert "ckpt-00000006, left by an interrupted save" in out and f"resumed from {newest} at step 4" in out
     assert "--steps 8: the learning rate decays to 0 at step 8 now, no longer at step 4" in out  # said, not silent
     assert final_state(tmp_path)["step"] == 8
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000004", "ckpt-00000006", "ckpt-00000008"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "ckpt-00000004", "ckpt-00000006", "ckpt-00000008"]
 
 
 @pytest.mark.parametrize("damage", ["overwritten tensor bytes", "truncated", "a shard missing"])
@@ -320,7 +320,7 @@ def test_checkpoints_resuming_passed_over_are_set_aside_not_kept_instead_of_good
     assert "ckpt-00000009/checkpoint.json: damaged or not pretrain.py's" in out and "at step 2" in out
     assert f"moved {newest}, passed over above, to {newest}.damaged" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "ckpt-00000003", "ckpt-00000004.damaged", "ckpt-00000009.damaged"]
+        ".lock", "ckpt-00000003", "ckpt-00000004.damaged", "ckpt-00000009.damaged"]
     (tmp_path / "ckpt-00000001.pt").write_bytes(b"")  # an earlier version's checkpoint: not started over
     with pytest.raises(DataError, match="holds checkpoints of an earlier pretrain.py"):
         run(tokenizer, tmp_path, "--steps", "4", "--resume")
@@ -553,9 +553,29 @@ def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenize
     assert "global_batch 8 then, 4 now" in refused.value.stderr
 
 
+def xla_python():
+    """The torch 2.9 + torch-xla 2.9 environment; built here when missing (several minutes)."""
+    python = XLA_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(XLA_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.9.0", "torch-xla==2.9.0", "numpy",
+                        "sentencepiece>=0.2.2", "safetensors"], check=True)
+    return str(python)
+
+
+def test_running_out_of_xla_memory_is_said_first():
+    # torch-xla's error is a plain RuntimeError ("Out of memory allocating ...", on a TPU "RESOURCE_EXHAUSTED");
+    # its exit hook then reports the failed computation again and exits 1, which is torch-xla's to decide.
+    code = ("import torch, torch_xla; from configs import run_script; "
+            "run_script(lambda: torch.ones(10 ** 12, 64, device=torch_xla.device()).cpu())")
+    out = subprocess.run([xla_python(), "-c", code], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "PJRT_DEVICE": "CPU"})
+    assert out.returncode != 0 and out.stderr.startswith("-c: error: out of memory (Out of memory"), out.stderr
+
+
 def test_a_coupled_model_stays_coupled_on_xla_and_spmd_fsdp_is_the_one_device_run(tokenizer, tmp_path):
     """Moved to an XLA device, a coupled model's one matrix became two (trained apart); SPMD with FSDPv2's
-    sharding over 4 CPU devices computes what one device does."""
+    sharding over 4 CPU devices computes what one device does, and resumes from its shards."""
     common = ["--steps", "4", "--checkpoint-every", "2", "--log-every", "1", "--tie-embeddings",
               "--input-embedding-size", "64", "--output-embedding-size", "64", "--device", "xla"]
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
@@ -564,7 +584,10 @@ def test_a_coupled_model_stays_coupled_on_xla_and_spmd_fsdp_is_the_one_device_ru
                       env={**env, "CPU_NUM_DEVICES": "4"})
     assert "weights sharded (SPMD)" in spmd
     assert logged(spmd, "loss") == pytest.approx(logged(one, "loss"), rel=1e-5)
-    for run in ("one", "spmd"):
+    resumed = run_script(tokenizer, resumed_from(tmp_path / "spmd", 2, tmp_path / "resumed"), *common, "--fsdp",
+                         "--resume", python=xla_python(), env={**env, "CPU_NUM_DEVICES": "4"})  # its shards read back
+    assert "at step 2" in resumed and logged(resumed, "loss") == pytest.approx(logged(spmd, "loss")[2:], rel=1e-6)
+    for run in ("one", "spmd", "resumed"):
         weights = final_state(tmp_path / run)["model"]
         assert torch.equal(weights["head.decoder.weight"], weights["encoder.embeddings.word_embeddings.weight"]), run
 
