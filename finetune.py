@@ -41,7 +41,7 @@ import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
 from model import (CHECKPOINT_INFO, DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier,
-                   load_checkpoint, save_hf)
+                   load_checkpoint, save_hf, sha256)
 from pretrain import build_optimizer, claim, launch, lr_at, remove_partial_saves, setup_runtime, weights_are_sound
 
 
@@ -332,8 +332,8 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     save_hf(model, path)
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
-    info["sha256"] = {n: data.sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model",
-                                                                       "config.json")}
+    info["sha256"] = {n: sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model",
+                                                                  "config.json")}
     info["sha256"]["finetune.json"] = settings_digest(info)  # its own settings
     data.write_json(os.path.join(path, "finetune.json"), info)
 
@@ -353,7 +353,7 @@ def load_finetuned(path):
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
         raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e!r})") from None
     for name, digest in digests.items():
-        found = settings_digest(info) if name == "finetune.json" else data.sha256(os.path.join(path, name))
+        found = settings_digest(info) if name == "finetune.json" else sha256(os.path.join(path, name))
         if found != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged or edited (its SHA-256 is not the one saved with it)")
     model = build_model(task, Encoder.from_hf(path), dropout=0.0)
@@ -430,7 +430,7 @@ def eval_sets(cfg, task, held_out):
         if not os.path.isfile(path):
             raise DataError(f"--eval {spec}: no such file")
         if cfg.train_fraction == 1 and os.path.getsize(path) == os.path.getsize(cfg.train) and (
-                data.sha256(path) == data.sha256(cfg.train)):  # the same file, or a copy of it
+                sha256(path) == sha256(cfg.train)):  # the same file, or a copy of it
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
         for lang, examples in by_language(read_examples(task, path), spec).items():
             if lang in sets or lang == "average":
@@ -602,7 +602,7 @@ def check_out_dir(cfg, runtime, log):
     read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model",  # of an --init dir
             CHECKPOINT_INFO)  # (a checkpoint's: the digests of the rest)
     files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
-    digests = {f: data.sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
+    digests = {f: sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
     ours["sha256"] = runtime.gather_object(digests)[0]  # read once, by rank 0 (an --init may be gigabytes)
     if not any(glob.glob(os.path.join(cfg.out_dir, name))
                for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")):
@@ -627,7 +627,7 @@ def check_out_dir(cfg, runtime, log):
         raise DataError(f"{cfg.out_dir} holds runs made with other settings ({'; '.join(differ)}); "
                         f"resume with the same ones, or choose another --out-dir")
     if runtime.is_main:
-        remove_partial_saves(os.path.join(cfg.out_dir, "lr-*", "seed-*", "*.tmp"), log)
+        remove_partial_saves(glob.glob(os.path.join(cfg.out_dir, "lr-*", "seed-*", "*.tmp")), log)
 
 
 def average(rows):  # of each metric, over a list of {metric: value}

@@ -437,10 +437,13 @@ def claim(out_dir):
     return lock
 
 
-def remove_partial_saves(pattern, log):
-    """Delete the temporary files of saves that a crash interrupted (never read: every reader skips them)."""
-    for path in glob.glob(pattern):
-        os.remove(path)
+def remove_partial_saves(paths, log):
+    """Delete what saves that a crash interrupted left, files or directories (never read: every reader skips them)."""
+    for path in paths:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
         log(f"removed {path}, left by an interrupted save")
 
 
@@ -518,7 +521,7 @@ def train(model_config, cfg):
             f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
     tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
     files = [p for paths in corpus_files(cfg.data).values() for p in paths]
-    counts = runtime.gather_object(line_counts(files) if runtime.is_main else None)[0]  # the corpus read once
+    lines = runtime.gather_object(line_counts(files) if runtime.is_main else None)[0]  # the corpus read once
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     raw_model = MaskedLM(model_config).to(runtime.device)
@@ -530,16 +533,14 @@ def train(model_config, cfg):
     optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
     loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
                        max_predictions=cfg.max_predictions, rank=runtime.rank, world_size=runtime.world_size,
-                       grad_accum=cfg.grad_accum, num_workers=cfg.num_workers, seed=cfg.seed, counts=counts)
+                       grad_accum=cfg.grad_accum, num_workers=cfg.num_workers, seed=cfg.seed, counts=lines)
     counts = count_parameters(raw_model)
     log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
 
     step = 0
     if runtime.is_main:
-        for partial in (p for p in glob.glob(os.path.join(cfg.out_dir, "ckpt-*")) if os.path.isdir(p)
-                        and not os.path.exists(os.path.join(p, CHECKPOINT_INFO))):
-            shutil.rmtree(partial)
-            log(f"removed {partial}, left by an interrupted save")
+        remove_partial_saves([p for p in glob.glob(os.path.join(cfg.out_dir, "ckpt-*")) if os.path.isdir(p)
+                              and not os.path.exists(os.path.join(p, CHECKPOINT_INFO))], log)
         # The damaged checkpoints resuming passed over: kept, but out of --keep's count and the next --resume's way.
         for damaged in (p for p in checkpoint_paths(cfg.out_dir) if resumed and p > resumed[0]):
             os.replace(damaged, damaged + ".damaged")

@@ -28,7 +28,6 @@ script leaves them.
 """
 
 import contextlib
-import glob
 import importlib.util
 import itertools
 import multiprocessing
@@ -122,21 +121,17 @@ class ReproduceConfig:
 
 
 def split_corpus(source, out):
-    """Each corpus file split into out/train and out/heldout: its last tenth of non-blank lines (at least one)."""
-    files = sorted(glob.glob(os.path.join(source, "**", "*.txt"), recursive=True))
-    if not files:
-        raise DataError(f"{source}: no *.txt files in it or below it")
-    names = [os.path.basename(f) for f in files]
-    if len(set(names)) < len(names):
-        raise DataError(f"{source}: two files have the same name; the language is read from the name")
-    for path, name in zip(files, names):
+    """Each corpus file (as data.corpus_files finds them) split into out/train and out/heldout, at the same place
+    below each: its last tenth of non-blank lines (at least one) held out."""
+    for path in (p for paths in data.corpus_files(source).values() for p in paths):
         lines = data.read_text(path).removesuffix("\n").split("\n")
         text = [i for i, line in enumerate(lines) if line.strip()]
         if len(text) < 2:
             raise DataError(f"{path}: fewer than 2 lines, nothing to hold out")
         cut = text[len(text) - max(1, len(text) // 10)]
+        name = os.path.relpath(path, source) if os.path.isdir(source) else os.path.basename(path)
         for part, chunk in (("train", lines[:cut]), ("heldout", lines[cut:])):
-            os.makedirs(os.path.join(out, part), exist_ok=True)
+            os.makedirs(os.path.dirname(os.path.join(out, part, name)), exist_ok=True)
             Path(out, part, name).write_text("\n".join(chunk) + "\n", encoding="utf-8")
     return os.path.join(out, "train"), os.path.join(out, "heldout")
 
@@ -195,7 +190,6 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
     log = open(os.path.join(run_dir, "log.txt"), "a")
     result = {}
     with log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-        tokenizer = data.Tokenizer(tokenizer_file)
         if name == RANDOM:
             torch.manual_seed(seed)
             init = os.path.join(run_dir, "init")
@@ -218,7 +212,7 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
             result["curve"] = evaluate.read_json(curve)
             for path in checkpoints[:-1]:  # (scored: only the last is fine-tuned)
                 shutil.rmtree(path)
-            init = checkpoints[-1]
+            init, tokenizer = checkpoints[-1], data.Tokenizer(tokenizer_file)
             pairs = evaluate.read_parallel(*(os.path.join(cfg.xquad, f"xquad.{lang}.json") for lang in ("en", "de")))
             source, target = ([tokenizer.encode(t) for t in side[:p.probe_pairs or None]] for side in pairs)
             result["figure2"] = evaluate.translation_probe(model.encoder.to(cfg.device), source, target,

@@ -34,6 +34,19 @@ def test_the_unigram_model_predicts_piece_frequencies(tmp_path, monkeypatch):
     assert baseline["accuracy"] == pytest.approx(100 / 3)  # piece 7 is the most frequent: right once in three
 
 
+def test_the_corpus_is_split_as_the_loader_reads_it_folders_included(tmp_path):
+    """Each file's last tenth of non-blank lines is held out, in place below train/ and heldout/, so that two
+    folders' en.txt (one language, as data.corpus_files reads them) stay two files."""
+    for folder, n in (("a", 20), ("b", 10)):
+        (tmp_path / "corpus" / folder).mkdir(parents=True)
+        (tmp_path / "corpus" / folder / "en.txt").write_text("".join(f"{folder} {i}\n\n" for i in range(n)))
+    train, heldout = reproduce.split_corpus(str(tmp_path / "corpus"), str(tmp_path / "split"))
+    assert {lang: len(paths) for lang, paths in data.corpus_files(train).items()} == {"en": 2}
+    assert (Path(heldout) / "a" / "en.txt").read_text() == "a 18\n\na 19\n\n"
+    assert (Path(heldout) / "b" / "en.txt").read_text() == "b 9\n\n"
+    assert (Path(train) / "b" / "en.txt").read_text().split() == [w for i in range(9) for w in ("b", str(i))]
+
+
 def test_the_majority_tagger_and_the_collapse_marker(tmp_path):
     panx = tmp_path / "panx"
     panx.mkdir()
