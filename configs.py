@@ -18,6 +18,7 @@ from dataclasses import MISSING, field, fields, replace
 from functools import partial
 
 import torch
+import torch.distributed as dist
 
 from model import DataError, MaskedLM, ModelConfig, count_parameters
 
@@ -207,6 +208,10 @@ def run_script(main):
         sys.exit(130)
     except RuntimeError as e:  # out of memory: on CPU and XLA a plain RuntimeError, known only by its text
         said = str(e)
+        if dist.is_initialized() and dist.get_world_size() > 1 and (
+                isinstance(e, dist.DistError) or "closed by peer" in said or "reset by peer" in said):
+            print(f"{sys.argv[0]}: error: another process stopped: see its message", file=sys.stderr)
+            sys.exit(2)  # (gloo's and NCCL's word for a process that ended, by its error or killed)
         if not (isinstance(e, torch.OutOfMemoryError) or any(
                 s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted"))):
             raise

@@ -293,9 +293,9 @@ def mlm_accuracy(model, batches, device="cpu"):
     with torch.no_grad():
         for batch in batches:
             batch = {k: v.to(device) for k, v in batch.items()}
-            logits, loss = model(**batch)  # (B, P, V), the mean cross-entropy of the batch's predictions
-            weights = batch["masked_weights"].double()
-            correct = ((logits.argmax(-1) == batch["masked_ids"]).double() * weights).sum()
+            logits, loss = model(**batch)  # (B*P, V), the mean cross-entropy of the batch's predictions
+            weights = batch["masked_weights"].flatten().double()
+            correct = ((logits.argmax(-1) == batch["masked_ids"].flatten()).double() * weights).sum()
             totals += torch.stack([correct, loss.double() * weights.sum(), weights.sum()])
     correct, loss, count = totals.tolist()  # the one host sync, after the loop
     if count == 0:

@@ -636,7 +636,8 @@ def average(rows):  # of each metric, over a list of {metric: value}
 
 def run(cfg):
     runtime = setup_runtime(cfg.device)
-    out_dir_lock = claim(cfg.out_dir) if runtime.is_main else None  # (held until the run returns)
+    lock = []  # (the main process's lock on --out-dir, held until the run returns)
+    runtime.on_main(lambda: lock.append(claim(cfg.out_dir)))
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     task = TASKS[cfg.task]

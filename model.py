@@ -21,6 +21,9 @@ library (`safetensors` inside the two functions that read and write transformers
 import hashlib
 import json
 import os
+import pickle
+import re
+import stat
 import warnings
 import zipfile
 from dataclasses import dataclass, field, fields
@@ -206,18 +209,21 @@ class MaskedLM(nn.Module):
 
     def forward(self, input_ids, token_type_ids=None, attention_mask=None,
                 masked_positions=None, masked_ids=None, masked_weights=None):
-        """Logits (B, P, V) at `masked_positions` (B, P), or (B, T, V) at every position when None; with `masked_ids`
-        (B, P), the loss: the mean cross-entropy weighted by `masked_weights` (0: padding), or else by ids != -100."""
+        """Logits (B*P, V) at `masked_positions` (B, P), row b*P + p for position p of sequence b (bert's layout), or
+        (B, T, V) at every position when None; with `masked_ids` (B, P), the loss: the mean cross-entropy weighted by
+        `masked_weights` (0: padding), or else by ids != -100."""
         x = self.encoder(input_ids, token_type_ids, attention_mask)
         mask = padding_mask(attention_mask)
         for layer in self.pretraining_layers:
             x = layer(x, mask)
-        if masked_positions is not None:  # google-research/bert's gather_indexes: (B, T, H) -> (B, P, H)
-            x = torch.gather(x, 1, masked_positions[:, :, None].expand(-1, -1, x.shape[-1]))
-        logits = self.head(x)
+        if masked_positions is None:
+            logits = self.head(x)  # (B, T, V), as transformers' RemBertForMaskedLM
+        else:  # google-research/bert's gather_indexes: the masked positions' rows (B*P, H), the head on them alone
+            rows = torch.gather(x, 1, masked_positions[:, :, None].expand(-1, -1, x.shape[-1])).flatten(0, 1)
+            logits = self.head(rows)
         if masked_ids is None:
             return logits, None
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), masked_ids.flatten(), reduction="none")
+        loss = F.cross_entropy(logits.flatten(0, -2).float(), masked_ids.flatten(), reduction="none")
         weights = (masked_ids != -100 if masked_weights is None else masked_weights).flatten().float()
         return logits, (loss * weights).sum() / weights.sum().clamp(min=1.0)
 
@@ -231,9 +237,9 @@ class MaskedLM(nn.Module):
             model = cls(ModelConfig(**info["config"]))
             with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
                 warnings.filterwarnings("ignore", "torch.distributed is disabled")
-                dcp.load({"model": model.state_dict()}, checkpoint_id=path, no_dist=True)  # into its tensors
+                dcp.load({"model": model.state_dict()}, storage_reader=checkpoint_reader(path), no_dist=True)
         except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
-            raise DataError(f"{path}: the weights do not fit the saved config: {e}") from None
+            raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
         return model
 
     @classmethod
@@ -349,31 +355,142 @@ def load_checkpoint(path):
 
 
 CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
+CHECKPOINT_NAME = re.compile(r"ckpt-(\d{8})")  # a pre-training run's own folders: ckpt-STEP, 8 digits
+_INFO_TYPES = {"step": int, "config": dict, "train_config": dict, "processes": int, "tokenizer": dict, "sha256": dict}
 
 
 def read_checkpoint_info(path, verify=True):
-    """checkpoint.json of a pretrain.py checkpoint directory (configs, step, tokenizer), once (verify) every file it
-    lists has its SHA-256 (torch.distributed.checkpoint checks nothing: a damaged shard would load wrong weights)."""
+    """checkpoint.json of a pretrain.py checkpoint directory, checked, not trusted: each field of the type written,
+    the step the folder's number, the digest list naming exactly the folder's regular files (no link, nothing missing
+    or extra) and (verify) each file with its SHA-256, the metadata of torch.distributed.checkpoint free of code."""
+    info_path = os.path.join(path, CHECKPOINT_INFO)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such checkpoint")
     try:
-        with open(os.path.join(path, CHECKPOINT_INFO)) as f:
+        if not stat.S_ISREG(os.lstat(info_path).st_mode):  # (a FIFO or a device would hang the reader)
+            raise DataError(f"{info_path}: damaged (not a regular file)")
+        with open(info_path) as f:
             info = json.load(f)
-        if missing := {"config", "train_config", "step", "tokenizer", "sha256"} - info.keys():
-            raise KeyError(", ".join(sorted(missing)))
-        files = list(info["sha256"].items())
     except (FileNotFoundError, NotADirectoryError):
-        raise DataError(f"{path}: no such checkpoint" if not os.path.exists(path) else f"{path}: no {CHECKPOINT_INFO}: "
-                        f"an interrupted save, or not a pretrain.py checkpoint directory (an earlier version's "
-                        f"ckpt-*.pt: that version's save_hf exports it)") from None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
-        raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
-    for name, digest in files if verify else []:
+        raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint "
+                        f"directory") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{info_path}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
+    if problem := _info_problem(path, info):
+        raise DataError(f"{info_path}: damaged or not pretrain.py's ({problem})")
+    for name, digest in sorted(info["sha256"].items()):
+        if not os.path.lexists(os.path.join(path, name)):
+            raise DataError(f"{os.path.join(path, name)}: missing or unreadable (listed in {CHECKPOINT_INFO})")
+        if not stat.S_ISREG(os.lstat(os.path.join(path, name)).st_mode):  # (a link, a FIFO: never opened)
+            raise DataError(f"{os.path.join(path, name)}: damaged (not a regular file)")
+    for name, digest in sorted(info["sha256"].items()) if verify else []:
         try:
             found = sha256(os.path.join(path, name))
         except OSError as e:
             raise DataError(f"{os.path.join(path, name)}: missing or unreadable ({e.strerror})") from None
         if found != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 is not the one saved with it)")
+    if verify:
+        read_metadata(path)
     return info
+
+
+def _info_problem(path, info):
+    """What is wrong with checkpoint.json's `info` for the directory `path`, or None."""
+    if not isinstance(info, dict):
+        return "not a JSON object"
+    if wrong := [k for k, kind in _INFO_TYPES.items() if type(info.get(k)) is not kind]:  # (True is no step)
+        return f"{wrong[0]}: {info.get(wrong[0])!r} is not a {_INFO_TYPES[wrong[0]].__name__}"
+    number = CHECKPOINT_NAME.fullmatch(os.path.basename(os.path.normpath(path)))
+    if number and info["step"] != int(number[1]):
+        return f"step {info['step']} in the folder of step {int(number[1])}"
+    if problem := typed_fields(ModelConfig, info["config"]):
+        return f"config: {problem}"
+    if not all(type(info["tokenizer"].get(k)) is str for k in ("path", "sha256")):
+        return "tokenizer: no path and sha256 strings"
+    if not all(type(v) is str for v in info["sha256"].values()) or ".metadata" not in info["sha256"]:
+        return "its digest list: no .metadata, or a digest that is no string"
+    if extra := sorted({n for n in os.listdir(path) if n != CHECKPOINT_INFO} - info["sha256"].keys()):
+        return f"{extra[0]} is in the folder but not in its digest list"
+    if odd := [n for n in info["sha256"] if n in ("", ".", "..", CHECKPOINT_INFO) or os.path.basename(n) != n]:
+        return f"its digest list names {odd[0]!r}, not a file of the folder"  # ('../x', '/dev/zero')
+    return None
+
+
+def typed_fields(cls, values):
+    """What keeps the dict `values` from being exactly the fields of the dataclass `cls`, each of its type (JSON's
+    integer is a float too), or None."""
+    names = [f.name for f in fields(cls)]
+    if not isinstance(values, dict) or sorted(values) != sorted(names):
+        return f"not the fields of {cls.__name__}"
+    for f in fields(cls):
+        value = values[f.name]
+        if not (type(value) is f.type or f.type is float and type(value) is int):
+            return f"{f.name}: {value!r} is not a {f.type.__name__}"
+    return None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint keeps its metadata as a pickle, which pickle.load would let name any function to
+    call: this admits the checkpoint library's metadata classes and what they hold, and nothing else."""
+    ALLOWED = {"torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "TensorProperties",
+                                                         "ChunkStorageMetadata", "BytesStorageMetadata",
+                                                         "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
+               "torch.distributed.checkpoint.filesystem": {"_StorageInfo"}, "torch.serialization": {"_get_layout"},
+               "torch": {"Size"}, "pathlib": {"PosixPath", "PurePosixPath"}, "collections": {"OrderedDict"}}
+
+    def find_class(self, module, name):
+        if name in self.ALLOWED.get(module, ()) or module == "torch" and isinstance(getattr(torch, name, 0),
+                                                                                  torch.dtype):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint's metadata never holds")
+
+
+def read_metadata(path):
+    """The checkpoint's torch.distributed.checkpoint Metadata, read without running anything, its items tensors
+    in the folder's own files (the checkpoint library reads any other item with torch.load(weights_only=False))."""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+    where = os.path.join(path, ".metadata")
+    try:
+        with open(where, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except Exception as e:  # (whatever a damaged or crafted pickle raises)
+        raise DataError(f"{where}: refused, not a checkpoint's metadata ({type(e).__name__}: {e})") from None
+    items = getattr(metadata, "state_dict_metadata", None)
+    if not (isinstance(metadata, Metadata) and isinstance(items, dict) and isinstance(metadata.storage_data, dict)):
+        raise DataError(f"{where}: refused, not a checkpoint's metadata")
+    # The checkpoint library reads any item that is no tensor with torch.load(weights_only=False): none is read.
+    metadata.state_dict_metadata = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
+    files = set(os.listdir(path))
+    if any(getattr(s, "relative_path", None) not in files for s in metadata.storage_data.values()):
+        raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
+    return metadata
+
+
+def checkpoint_reader(path):
+    """torch.distributed.checkpoint's reader of the folder, its metadata read by `read_metadata`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            metadata = read_metadata(path)
+            metadata.storage_meta = metadata.storage_meta or StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+    return Reader(path)
+
+
+def one_line(error):
+    """What failed, in one line: the checkpoint library wraps each process's error, traceback included, in its own."""
+    import torch.distributed.checkpoint as dcp
+    while isinstance(error, dcp.CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]  # (its failures: rank -> (exception, traceback))
+    if getattr(error, "errno", None) == 28:  # ENOSPC
+        return f"no space left on device: {error}"
+    if isinstance(error, OSError):
+        return str(error)
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
 
 
 def sha256(path):

@@ -33,8 +33,8 @@ line, and the weights themselves before each checkpoint, so no checkpoint holds 
 
 import contextlib
 import glob
-import io
 import itertools
+import json
 import math
 import os
 import pickle
@@ -45,12 +45,14 @@ from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
 from configs import (CONFIGS, DEVICE, GIVEN, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags,
                      flag, one_of, parse_flags, resolve_device, run_script)
 from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer, write_json
-from model import CHECKPOINT_INFO, DataError, MaskedLM, ModelConfig, count_parameters, read_checkpoint_info, sha256
+from model import (CHECKPOINT_INFO, DataError, MaskedLM, ModelConfig, checkpoint_reader, count_parameters,
+                   one_line, read_checkpoint_info, sha256, typed_fields)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class TrainConfig:
 
 # Training settings a resumed run must share with its checkpoint (the model's too); --steps may grow, and the
 # global batch may be split otherwise over processes and accumulation (the loader checks it).
+TRAIN_STATE = "train_state.safetensors"  # in a checkpoint: every process's loader and random state
 SAME_ON_RESUME = ("seq_len", "max_predictions", "warmup", "lr", "weight_decay", "max_grad_norm", "seed")
 
 
@@ -174,8 +177,19 @@ class Runtime:
         dist.all_reduce(tensor)
         return tensor
 
-    def barrier(self):
-        self.gather_object(None)  # no process goes on before every process has sent its part
+    def on_main(self, work):
+        """work() on the main process alone, its result on every process. Its refusal (DataError, OSError) stops
+        every process with the same one line, not the others with a broken connection when the main one is gone."""
+        result = failure = None
+        if self.is_main:
+            try:
+                result = work()
+            except (DataError, OSError) as e:
+                failure = isinstance(e, OSError), str(e)
+        result, failure = self.gather_object((result, failure))[0]
+        if failure:
+            raise (OSError if failure[0] else DataError)(failure[1])
+        return result
 
     def gather_object(self, obj):
         """[obj of rank 0, obj of rank 1, ...] on every process (for per-rank resume state)."""
@@ -224,7 +238,6 @@ class Runtime:
         """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory, which
         any number of processes reads. Sharded, each process writes and reads its own shards (under SPMD through
         torch-xla's planners); replicated, the main process writes all, and each process reads all."""
-        import torch.distributed.checkpoint as dcp
         planner = None
         if self.mesh:
             from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner, SPMDSavePlanner
@@ -232,8 +245,8 @@ class Runtime:
         collective = self.fsdp and dist.is_initialized()
         with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
             warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            if load:
-                dcp.load(state, checkpoint_id=path, planner=planner, no_dist=not collective)
+            if load:  # (its metadata read by model.read_metadata, which runs nothing)
+                dcp.load(state, storage_reader=checkpoint_reader(path), planner=planner, no_dist=not collective)
             elif self.fsdp or self.is_main:
                 dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
 
@@ -255,8 +268,15 @@ def setup_runtime(device="auto", fsdp=False):
             dist.init_process_group("gloo", init_method="xla://")
         return Runtime("xla", torch_xla.device(), xr.process_index(), xr.process_count(), fsdp=True,
                        mesh=xs.Mesh(list(range(devices)), (devices,), ("fsdp",)))
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    try:
+        rank, world_size, local_rank = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1),
+                                                                                ("LOCAL_RANK", 0)))
+    except ValueError:
+        raise DataError("RANK, WORLD_SIZE and LOCAL_RANK are torchrun's (whole numbers): start the processes with "
+                        "torchrun --nproc-per-node N") from None
+    if world_size > 1 and not ("MASTER_ADDR" in os.environ and 0 <= rank < world_size):
+        raise DataError(f"WORLD_SIZE={world_size} without torchrun's MASTER_ADDR, or RANK outside it: start the "
+                        f"processes with torchrun --nproc-per-node N")
     torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(torch_device)
@@ -339,40 +359,105 @@ def newest_intact_checkpoint(out_dir, log):
     damaged = []
     for path in reversed(checkpoint_paths(out_dir)):
         try:
-            return path, read_checkpoint_info(path)
+            info = read_checkpoint_info(path)
+            if problem := typed_fields(TrainConfig, info["train_config"]):
+                raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's (train_config: {problem})")
+            return path, info
         except DataError as e:
             log(f"warning: {e}; trying the checkpoint before it")
             damaged.append(os.path.basename(path))
     raise DataError(f"{out_dir}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
 
 
-def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer):
+def set_aside(path, log):
+    """Move a checkpoint that resuming passed over out of the way (of --keep's count, of the next --resume), kept
+    under the first free name of path.damaged, path.damaged-2, ..."""
+    target, n = path + ".damaged", 1
+    while os.path.lexists(target):
+        n += 1
+        target = f"{path}.damaged-{n}"
+    try:
+        os.replace(path, target)
+    except OSError as e:
+        raise OSError(f"{path}: cannot set it aside as {target} ({e.strerror}); move it yourself") from None
+    log(f"moved {path}, passed over above, to {target}")
+
+
+def remove(path):
+    """A checkpoint folder, or the link to it (a folder moved to another disk): what was written elsewhere stays."""
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+
+
+def write_train_state(state, path):
+    """Nested dicts and lists of tensors and JSON values (the loader's and the random state of every process) as
+    one safetensors file, the tensors by number and the rest as JSON in its header: read back, it runs nothing."""
+    from safetensors.torch import save_file
+    tensors = {}
+
+    def skeleton(x):
+        if torch.is_tensor(x):
+            tensors[str(len(tensors))] = x.detach().cpu().contiguous()
+            return {"tensor": str(len(tensors) - 1)}
+        if isinstance(x, dict):
+            return {"dict": {k: skeleton(v) for k, v in x.items()}}
+        return [skeleton(v) for v in x] if isinstance(x, (list, tuple)) else x
+    save_file(tensors, path, metadata={"state": json.dumps(skeleton(state))})
+
+
+def read_train_state(path):
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        tensors, skeleton = {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["state"])
+
+    def filled(x):
+        if isinstance(x, dict):
+            return tensors[x["tensor"]] if "tensor" in x else {k: filled(v) for k, v in x["dict"].items()}
+        return [filled(v) for v in x] if isinstance(x, list) else x
+    return filled(skeleton)
+
+
+def save_error(path, error):
+    return OSError(f"{path}: saving failed ({one_line(error)}); the checkpoints saved before are intact")
+
+
+def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer, log):
     """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format (by parameter name, so
-    that any number of processes reshards them), every process's data position and random state, and last,
-    checkpoint.json: both configs, the step, the tokenizer (by path and digest) and every file's SHA-256."""
-    import torch.distributed.checkpoint as dcp
+    that any number of processes reshards them), every process's data position and random state (tensors and JSON),
+    and last, checkpoint.json: both configs, the step, the tokenizer (by path and digest) and every file's SHA-256.
+    Then the oldest beyond --keep go."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     path = os.path.join(cfg.out_dir, f"ckpt-{step:08d}")
+    if runtime.on_main(lambda: os.path.lexists(path)):  # (resuming set every later checkpoint aside)
+        raise DataError(f"{path} exists already: not written over; move it away, or choose another --out-dir")
     model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(
         cpu_offload=not runtime.fsdp))  # replicated: what the main process writes, on the CPU
-    extra = io.BytesIO()
-    torch.save({"loader": runtime.gather_object(loader.state_dict()),
-                "rng": runtime.gather_object(runtime.rng_state())}, extra)
-    try:
-        runtime.distributed_checkpoint({"model": model_state, "optimizer": optimizer_state,
-                                        "extra": extra.getvalue()}, path)
-        runtime.barrier()
-        if runtime.is_main:
+    train_state = {"loader": runtime.gather_object(loader.state_dict()),
+                   "rng": runtime.gather_object(runtime.rng_state())}
+
+    def write_shards():  # (AdamW's settings are this run's: its state alone is saved, all of it tensors)
+        try:
+            runtime.distributed_checkpoint({"model": model_state, "optimizer": {"state": optimizer_state["state"]}},
+                                           path)
+        except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
+            raise save_error(path, e) from None
+    write_shards() if runtime.fsdp else runtime.on_main(write_shards)  # (sharded, DCP tells every process)
+
+    def complete():
+        try:
+            write_train_state(train_state, os.path.join(path, TRAIN_STATE))
             write_json(os.path.join(path, CHECKPOINT_INFO), {
                 "step": step, "config": asdict(model_config), "train_config": asdict(cfg), "processes":
                 runtime.world_size, "tokenizer": {"path": os.path.abspath(tokenizer.model_file),
                                                   "sha256": tokenizer.sha256},
                 "sha256": {name: sha256(os.path.join(path, name)) for name in sorted(os.listdir(path))}})
-            for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:
-                shutil.rmtree(old)
-    except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
-        raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from None
-    runtime.barrier()
+        except Exception as e:  # (safetensors' own errors name no file)
+            raise save_error(path, e) from None
+        for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:  # (the new one is saved, whatever happens here)
+            try:
+                remove(old)
+            except OSError as e:
+                log(f"warning: {old}: not removed ({e.strerror}); --keep counts it no more")
+    runtime.on_main(complete)
     return path
 
 
@@ -381,7 +466,6 @@ def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path
     training or tokenizer is refused by name; the loader goes on where it was (any split of the same global
     batch); the weights and AdamW's state are resharded onto this run's processes; with as many processes,
     each draws its own random numbers on (bitwise the uninterrupted run), with another number, new ones."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
     saved = {**info["config"], **{k: info["train_config"].get(k) for k in SAME_ON_RESUME}}
     now = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
@@ -393,21 +477,23 @@ def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path
                         f"{cfg.tokenizer} is another one (or has changed since)")
     if info["step"] > cfg.steps:
         raise DataError(f"{path} is at step {info['step']}, past --steps {cfg.steps}")
+    if not os.path.exists(os.path.join(path, TRAIN_STATE)):
+        raise DataError(f"{path}: no {TRAIN_STATE} (written by an earlier pretrain.py, which pickled it): "
+                        f"fine-tune from it, or start a new run")
     model_state, optimizer_state = get_state_dict(model, optimizer)
     if runtime.mesh:  # AdamW's moments, just made: laid out as their parameters (torch-xla's reader needs a layout)
         spmd_shard([t for s in optimizer.state.values() for t in s.values() if t.device.type == "xla"], runtime.mesh)
-    state = {"extra": b""}
     try:
-        runtime.distributed_checkpoint(state, path, load=True)
-        extra = torch.load(io.BytesIO(state["extra"]), weights_only=True)
+        extra = read_train_state(os.path.join(path, TRAIN_STATE))
         loader.load_state_dict(extra["loader"])  # (before the weights: a refusal costs nothing)
-        state = {"model": model_state, "optimizer": optimizer_state}
+        state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
         runtime.distributed_checkpoint(state, path, load=True)
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(model, optimizer, model_state_dict=state["model"],
+                       optim_state_dict={**optimizer_state, "state": state["optimizer"]["state"]})
     except DataError:
         raise
     except (Exception, dcp.CheckpointException) as e:  # (a BaseException): what the directory does not hold
-        raise DataError(f"{path}: not a training state of this model ({type(e).__name__}: {e})") from None
+        raise DataError(f"{path}: not a training state of this model ({one_line(e)})") from None
     if len(extra["rng"]) == runtime.world_size:
         runtime.set_rng_state(extra["rng"][runtime.rank])
     else:
@@ -418,6 +504,22 @@ def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path
         log(f"--steps {cfg.steps}: the learning rate decays to 0 at step {cfg.steps} now, no longer at step "
             f"{info['train_config']['steps']}")
     return info["step"]
+
+
+def open_out_dir(cfg, lock, log):
+    """The main process's start in --out-dir: lock it (into `lock`), remove what interrupted saves left, and with
+    --resume, find the newest intact checkpoint (returned) and set aside the newer ones it passed over. Only this
+    run's own folders are touched: ckpt- and 8 digits (not an export named ckpt-00000010-hf, say)."""
+    lock.append(claim(cfg.out_dir))
+    own = glob.glob(os.path.join(cfg.out_dir, "ckpt-" + "[0-9]" * 8))
+    remove_partial_saves([p for p in own if os.path.isdir(p) and not os.path.lexists(os.path.join(p, CHECKPOINT_INFO))],
+                         log)
+    if not (cfg.resume and checkpoint_paths(cfg.out_dir)):
+        return None
+    resumed = newest_intact_checkpoint(cfg.out_dir, log)
+    for damaged in (p for p in checkpoint_paths(cfg.out_dir) if p > resumed[0]):
+        set_aside(damaged, log)
+    return resumed
 
 
 def claim(out_dir):
@@ -440,10 +542,7 @@ def claim(out_dir):
 def remove_partial_saves(paths, log):
     """Delete what saves that a crash interrupted left, files or directories (never read: every reader skips them)."""
     for path in paths:
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        else:
-            os.remove(path)
+        remove(path)
         log(f"removed {path}, left by an interrupted save")
 
 
@@ -465,11 +564,12 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
             model.set_requires_gradient_sync(last)
         with model.no_sync() if hasattr(model, "no_sync") and not last else contextlib.nullcontext():  # DDP
             with runtime.autocast():
-                logits, loss = model(**batch)  # (B, P, V); the mean cross-entropy of this micro-batch's predictions
+                logits, loss = model(**batch)  # (B*P, V); the mean cross-entropy of this micro-batch's predictions
             weights = batch["masked_weights"]
             loss_sum = loss * weights.sum()
             (loss_sum * (1 if runtime.mesh else runtime.world_size) / count).backward()
-        correct = ((logits.detach().argmax(-1) == batch["masked_ids"]).float() * weights).sum()
+        right = logits.detach().argmax(-1) == batch["masked_ids"].flatten()
+        correct = (right.float() * weights.flatten()).sum()
         stats += torch.stack([loss_sum.detach(), correct, weights.sum()])
     runtime.optimizer_step(optimizer, max_grad_norm)
     optimizer.zero_grad(set_to_none=True)
@@ -477,10 +577,9 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
 
 def ensure_tokenizer(cfg, model_config, runtime, log):
     if not runtime.gather_object(os.path.exists(cfg.tokenizer))[0]:  # rank 0 decides: every process waits alike
-        if runtime.is_main:
-            log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {cfg.tokenizer}")
-            train_tokenizer(cfg.data, model_config.vocab_size, cfg.tokenizer.removesuffix(".model"))
-        runtime.barrier()
+        log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {cfg.tokenizer}")
+        prefix = cfg.tokenizer.removesuffix(".model")
+        runtime.on_main(lambda: train_tokenizer(cfg.data, model_config.vocab_size, prefix))
     tokenizer = Tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > model_config.vocab_size:
         raise DataError(f"{cfg.tokenizer} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
@@ -493,8 +592,9 @@ def ensure_tokenizer(cfg, model_config, runtime, log):
 
 def train(model_config, cfg):
     runtime = setup_runtime(cfg.device, cfg.fsdp)
-    out_dir_lock = claim(cfg.out_dir) if runtime.is_main else None  # (held until the run returns)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
+    lock = []  # (the main process's lock on --out-dir, held until the run returns)
+    resumed = runtime.on_main(lambda: open_out_dir(cfg, lock, log))
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)"
         + (f", weights sharded ({'SPMD' if runtime.mesh else 'FSDP2'})" if runtime.fsdp else ""))
     if runtime.mesh:  # each batch is split over the host's devices
@@ -502,11 +602,6 @@ def train(model_config, cfg):
         if cfg.batch_size % xr.addressable_runtime_device_count():
             raise DataError(f"--batch-size {cfg.batch_size} does not split over this host's "
                             f"{xr.addressable_runtime_device_count()} devices")
-    if glob.glob(os.path.join(cfg.out_dir, "ckpt-*.pt")):
-        raise DataError(f"{cfg.out_dir} holds checkpoints of an earlier pretrain.py (ckpt-*.pt): continue them with "
-                        f"that version (its model.save_hf exports one for these scripts), or choose another --out-dir")
-    resumed = runtime.gather_object(newest_intact_checkpoint(cfg.out_dir, log) if runtime.is_main and cfg.resume
-                                    and checkpoint_paths(cfg.out_dir) else None)[0]  # (its files read once)
     if resumed and not os.path.exists(cfg.tokenizer):  # never a new tokenizer for a run that has one
         saved = resumed[1]["tokenizer"]["path"]
         if not os.path.exists(saved):
@@ -521,7 +616,7 @@ def train(model_config, cfg):
             f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
     tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
     files = [p for paths in corpus_files(cfg.data).values() for p in paths]
-    lines = runtime.gather_object(line_counts(files) if runtime.is_main else None)[0]  # the corpus read once
+    lines = runtime.on_main(lambda: line_counts(files))  # the corpus read once
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     raw_model = MaskedLM(model_config).to(runtime.device)
@@ -538,14 +633,6 @@ def train(model_config, cfg):
     log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
 
     step = 0
-    if runtime.is_main:
-        remove_partial_saves([p for p in glob.glob(os.path.join(cfg.out_dir, "ckpt-*")) if os.path.isdir(p)
-                              and not os.path.exists(os.path.join(p, CHECKPOINT_INFO))], log)
-        # The damaged checkpoints resuming passed over: kept, but out of --keep's count and the next --resume's way.
-        for damaged in (p for p in checkpoint_paths(cfg.out_dir) if resumed and p > resumed[0]):
-            os.replace(damaged, damaged + ".damaged")
-            log(f"moved {damaged}, passed over above, to {damaged}.damaged")
-    runtime.barrier()
     if resumed:
         step = resume(runtime, cfg, model_config, raw_model, optimizer, loader, tokenizer, *resumed, log)
     elif checkpoint_paths(cfg.out_dir):
@@ -597,7 +684,7 @@ def train(model_config, cfg):
         if not weights_are_sound(raw_model, micro_batches[-1], runtime):
             raise FloatingPointError(f"the update of step {step} broke the weights (not finite, or a non-finite "
                                      f"loss); not saved. {last_good(cfg.out_dir)} (try a lower --lr)")
-        path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config, tokenizer)
+        path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config, tokenizer, log)
         log(f"saved {path}")
     log(f"done: {cfg.steps} steps in {(time.time() - started) / 60:.1f} min")
     return raw_model

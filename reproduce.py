@@ -25,6 +25,15 @@ script leaves them.
   python reproduce.py                            # the cpu preset: under an hour on 2 CPU cores
   python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, about a minute
   python reproduce.py --device cuda              # the gpu preset: larger models, 7.5 times the tokens
+
+A run already in --out-dir's results.json is not run again, so seeds can be added to some models later:
+--seeds 4 --models "E_out 16" asks for seeds 0 to 3 of E_out 16 and runs those not yet there. results/
+holds the cpu preset's 2 seeds of every model and 4 of the E_out trio (whose 16 -> 64 step in accuracy is
+within the spread of 2 seeds), the trio's seeds 2 and 3 added by 6 runs (of the first command's 14):
+
+  mkdir -p out/reproduce && cp results/results.json out/reproduce/
+  python reproduce.py --seeds 4 --models "E_out 16" "E_out 64" "E_out 256"
+  cp out/reproduce/results.json out/reproduce/results.md out/reproduce/*.png results/
 """
 
 import contextlib
@@ -103,10 +112,16 @@ class ReproduceConfig:
     device: str = flag("auto", "auto | cpu | cuda (cuda runs the gpu preset)",
                        (lambda v: v in ("auto", "cpu", "cuda") and resolve_device(v), "auto, cpu or cuda"))
     quick: bool = flag(False, "the tiny preset: the whole pipeline in about a minute")
-    seeds: int = flag(0, "seeds per model (0: the preset's)", at_least(0))
+    seeds: int = flag(0, "seeds 0 to N-1 of each model (0: the preset's); a seed already run is kept", at_least(0))
+    models: list[str] = flag([], "only these models, named as in results.md (\"E_out 16\", \"random init\"); "
+                                 "all when not given")
 
     def __post_init__(self):
         check_flags(self)
+        names = [*models(SimpleNamespace(**PRESETS[self.preset()])), RANDOM]
+        if unknown := [name for name in self.models if name not in names]:
+            raise ValueError(f"--models must be models of the {self.preset()} preset ({', '.join(names)}), "
+                             f"got {unknown[0]!r}")
         if importlib.util.find_spec("matplotlib") is None:
             raise ValueError("reproduce.py draws its figures with matplotlib: pip install matplotlib")
         if (os.path.realpath(self.out_dir) + os.sep).startswith(os.path.realpath(self.data) + os.sep):
@@ -118,6 +133,9 @@ class ReproduceConfig:
             if missing := [f for f in ["", *files] if not os.path.exists(os.path.join(folder, f))]:
                 raise ValueError(f"--{flag_name} {folder} has no {missing[0] or 'such directory'}; the README's "
                                  f"\"Data\" section says where to get it")
+
+    def preset(self):
+        return "quick" if self.quick else "gpu" if resolve_device(self.device) == "cuda" else "cpu"
 
 
 def split_corpus(source, out):
@@ -258,33 +276,46 @@ def compare(results, a_name, b_name, value):
     return mean_b - mean_a, 2 * max(sd_a, sd_b)
 
 
+def verdict(difference, spread):
+    """One step of a comparison: its difference (the paper's way positive) against twice the larger sd."""
+    return "visible" if difference > spread else "opposite" if -difference > spread else "within the spread"
+
+
 def claims(results, p):
     """The paper's comparisons as measured here: (claim, each step's difference against twice the larger standard
-    deviation, verdict). "visible": every step goes the paper's way by more than that; "opposite": every step
-    the other way by more; else "within the spread"."""
+    deviation, verdict). A series of models (E_out H/4 -> H -> 4H) is judged a step at a time, since one step can
+    show where the next does not; the verdict names the steps of each kind and the seeds it rests on."""
     sizes = [f"E_out {p.small}", f"E_out {p.hidden}", f"E_out {4 * p.hidden}"]
     extra = f"E_out {p.small} + {p.extra_layers} layers"
     lower_loss, accuracy = (lambda run: -final(run, "loss")), (lambda run: final(run, "accuracy"))
     transfer = lambda run: run["panx"]["zero_shot"]  # noqa: E731
     rows = []
-    for claim, pairs, value, unit in (
-            ("E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)", zip(sizes, sizes[1:]), lower_loss,
-             "nats lower"),
-            ("E_out H/4 -> H -> 4H: held-out MLM accuracy rises (Table 8)", zip(sizes, sizes[1:]), accuracy, "points"),
-            ("E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)", zip(sizes, sizes[1:]), transfer, "F1"),
-            ("coupled -> decoupled: held-out MLM accuracy rises (Table 8)", [("coupled", "decoupled")], accuracy,
+    for claim, series, value, unit in (
+            ("E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)", sizes, lower_loss, "nats lower"),
+            ("E_out H/4 -> H -> 4H: held-out MLM accuracy rises (Table 8)", sizes, accuracy, "points"),
+            ("E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)", sizes, transfer, "F1"),
+            ("coupled -> decoupled: held-out MLM accuracy rises (Table 8)", ["coupled", "decoupled"], accuracy,
              "points"),
-            ("coupled -> decoupled: PAN-X zero-shot F1 (Table 2: -0.3)", [("coupled", "decoupled")], transfer, "F1"),
-            (f"+{p.extra_layers} pre-training-only layers: held-out MLM loss falls", [(sizes[0], extra)], lower_loss,
+            ("coupled -> decoupled: PAN-X zero-shot F1 (Table 2: -0.3)", ["coupled", "decoupled"], transfer, "F1"),
+            (f"+{p.extra_layers} pre-training-only layers: held-out MLM loss falls", [sizes[0], extra], lower_loss,
              "nats lower"),
-            (f"+{p.extra_layers} pre-training-only layers: PAN-X zero-shot F1 rises (Table 5)", [(sizes[0], extra)],
+            (f"+{p.extra_layers} pre-training-only layers: PAN-X zero-shot F1 rises (Table 5)", [sizes[0], extra],
              transfer, "F1")):
-        steps = [compare(results, a, b, value) for a, b in pairs]
-        verdict = ("not measured (collapsed runs, or one seed)" if None in steps else
-                   "visible" if all(s[0] > s[1] for s in steps) else
-                   "opposite" if all(-s[0] > s[1] for s in steps) else "within the spread")
-        rows.append((claim, "; ".join("n/a" if s is None else f"{s[0]:+.2f} {unit} (2 sd {s[1]:.2f})"
-                                      for s in steps), verdict))
+        steps = {f"{a} -> {b}": compare(results, a, b, value) for a, b in zip(series, series[1:])}
+        measured = "; ".join(f"{step}: " * (len(steps) > 1) + ("n/a" if s is None else
+                                                                  f"{s[0]:+.2f} {unit} (2 sd {s[1]:.2f})")
+                             for step, s in steps.items())
+        if None in steps.values():
+            rows.append((claim, measured, "not measured (collapsed runs, or one seed)"))
+            continue
+        kinds = {step: verdict(*s) for step, s in steps.items()}
+        if len(set(kinds.values())) == 1:
+            said = next(iter(kinds.values())) + {1: "", 2: " at both steps"}.get(len(kinds), " at every step")
+        else:
+            said = "; ".join(f"{kind} at {', '.join(step for step in kinds if kinds[step] == kind)}"
+                             for kind in ("visible", "opposite", "within the spread") if kind in kinds.values())
+        n = sorted({len(sound(results, name)) for name in series})  # sound runs: one a seed, the collapsed left out
+        rows.append((claim, measured, f"{said} (n={n[0]}{f' to {n[-1]}' * (len(n) > 1)} seeds)"))
     return rows
 
 
@@ -299,8 +330,8 @@ def summarize(results, baselines, p, out_dir, preset):
              f"{p.steps} pre-training steps of {p.batch_size} x {p.seq_len} pieces ({tokens / 1e6:.1f}M tokens, lr "
              f"{p.lr:g}, {p.warmup} warm-up steps); PAN-X fine-tuned on English ({p.epochs} epochs, lr "
              f"{p.finetune_lr:g}, batch {p.finetune_batch}, {p.finetune_seq_len} pieces), zero-shot: the mean over "
-             f"{', '.join(lang for lang in PANX_LANGS if lang != 'en')}. Mean ± standard deviation over the sound "
-             f"runs of {p.seeds} seed(s).", "",
+             f"{', '.join(lang for lang in PANX_LANGS if lang != 'en')}. Mean ± standard deviation over each model's "
+             f"sound runs, one a seed (collapsed: how many of its seeds' runs were left out).", "",
              "| baseline | held-out MLM loss | MLM acc. | PAN-X F1 en | PAN-X F1 zero-shot |",
              "| --- | ---: | ---: | ---: | ---: |",
              f"| unigram model (piece frequencies) | {baselines['unigram']['loss']:.2f} | "
@@ -314,6 +345,8 @@ def summarize(results, baselines, p, out_dir, preset):
              "| paper: row | NER F1 | MLM acc. |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for name, paper in zip(models(p), PAPER):
+        if name not in results:  # (not run: --models named others)
+            continue
         runs, counts = sound(results, name), next(iter(results[name].values()))["parameters"]
         lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M | "
                      f"{cell([final(r, 'loss') for r in runs])} | {cell([final(r, 'accuracy') for r in runs])} | "
@@ -359,13 +392,14 @@ def summarize(results, baselines, p, out_dir, preset):
 def main(argv=None):
     _, cfg = parse_command_line(__doc__, ReproduceConfig, argv)
     cfg = replace(cfg, device=resolve_device(cfg.device))
-    preset = "quick" if cfg.quick else "gpu" if cfg.device == "cuda" else "cpu"
+    preset = cfg.preset()
     p = SimpleNamespace(**PRESETS[preset])
     p.seeds = cfg.seeds or p.seeds
     started = time.time()
     print(f"preset {preset}: {vars(p)}", flush=True)
     where = {k: os.path.relpath(os.path.abspath(getattr(cfg, k)), REPO) for k in ("data", "panx", "xquad")}
-    setup = {"preset": vars(p), **where}
+    # The number of seeds is no part of the setup: more of them can be added to the runs stored.
+    setup = {"preset": {k: v for k, v in vars(p).items() if k != "seeds"}, **where}
     results_path = os.path.join(cfg.out_dir, "results.json")
     stored = evaluate.read_json(results_path) if os.path.exists(results_path) else {"setup": setup, "results": {}}
     if not isinstance(stored, dict) or stored.get("setup") != setup or not isinstance(stored.get("results"), dict):
@@ -380,7 +414,7 @@ def main(argv=None):
     baselines = {"unigram": unigram_baseline(p, corpus, tokenizer, heldout), "majority": majority_tagger(p, cfg.panx)}
     print(f"baselines: unigram model {baselines['unigram']}, most frequent tag {baselines['majority']['en']:.2f} "
           f"F1 (en)", flush=True)
-    jobs = [(name, seed) for name in [*models(p), RANDOM] for seed in range(p.seeds)
+    jobs = [(name, seed) for name in cfg.models or [*models(p), RANDOM] for seed in range(p.seeds)
             if str(seed) not in results.get(name, {})]
     workers = 1 if cfg.device == "cuda" else max(1, min(len(jobs), os.cpu_count() or 1, 2))
     threads = max(1, (os.cpu_count() or 1) // workers)  # two runs side by side use two cores best (small models)

@@ -11,6 +11,7 @@ import json
 import os
 import re
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import sentencepiece as spm
 import torch
 
 import data
+from configs import CONFIGS
 from evaluate import CLASSIFICATION_LABELS, TAGGING_LABELS
 
 REPO = Path(__file__).parent
@@ -103,10 +105,12 @@ def test_special_pieces_are_found_by_name_and_a_missing_one_is_an_error(tmp_path
 
 
 def checkpoint_with(path, tokenizer):
-    """A directory with what tokenizer_for reads of a pretrain.py checkpoint: its checkpoint.json."""
+    """A directory with what tokenizer_for reads of a pretrain.py checkpoint: its checkpoint.json, well formed."""
     path.mkdir()
-    (path / "checkpoint.json").write_text(json.dumps({"config": {}, "train_config": {}, "step": 1, "sha256": {},
-                                                      "tokenizer": tokenizer}))
+    (path / ".metadata").write_bytes(b"")
+    (path / "checkpoint.json").write_text(json.dumps({
+        "config": asdict(CONFIGS["tiny"]), "train_config": {}, "step": 1, "processes": 1, "tokenizer": tokenizer,
+        "sha256": {".metadata": hashlib.sha256(b"").hexdigest()}}))
     return path.name
 
 

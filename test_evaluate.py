@@ -650,9 +650,9 @@ def write_checkpoint(path, model, tokenizer=None, config=None):
     import torch.distributed.checkpoint as dcp
     dcp.save({"model": model.state_dict()}, checkpoint_id=str(path), no_dist=True)
     digests = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in Path(path).iterdir()}
-    (Path(path) / "checkpoint.json").write_text(json.dumps({"step": 1, "config": asdict(config or model.config),
-                                                            "train_config": {}, "tokenizer": tokenizer,
-                                                            "sha256": digests}))
+    (Path(path) / "checkpoint.json").write_text(json.dumps({
+        "step": 1, "config": asdict(config or model.config), "train_config": {}, "processes": 1, "sha256": digests,
+        "tokenizer": tokenizer or {"path": "spm.model", "sha256": ""}}))
     return str(path)
 
 

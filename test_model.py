@@ -62,6 +62,7 @@ def test_masked_lm_matches_transformers(tmp_path, config, token):
     real = attention_mask.bool()
     for layer in range(config.num_layers + 1):  # 0: the embeddings projected to H, in both
         torch.testing.assert_close(states[layer][real], ref.hidden_states[layer][real], atol=1e-5, rtol=1e-5)
+    logits = logits.unflatten(0, input_ids.shape)  # (B*T, V): the rows of every_position, bert's layout
     torch.testing.assert_close(logits[real], ref.logits[real], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(loss, ref.loss, atol=1e-5, rtol=1e-5)
 
@@ -388,7 +389,7 @@ def test_head_at_masked_positions_equals_full_then_gather(extra_layers):
     full, _ = model(input_ids, token_type_ids, attention_mask)
     full = full[torch.arange(3)[:, None], positions]
     full_loss = torch.nn.functional.cross_entropy(full.flatten(0, 1), targets.flatten())
-    torch.testing.assert_close(gathered, full)
+    torch.testing.assert_close(gathered, full.flatten(0, 1))  # (B*P, V): bert's rows
     torch.testing.assert_close(loss, full_loss)
     for ours, reference in zip(torch.autograd.grad(loss, params), torch.autograd.grad(full_loss, params)):
         torch.testing.assert_close(ours, reference, atol=1e-6, rtol=1e-4)
@@ -402,6 +403,7 @@ def test_masked_lm_loss_weights():
     weights = torch.tensor([[1.0, 1.0, 0.0]] * 3)
     with torch.no_grad():
         logits, loss = model(input_ids, token_type_ids, attention_mask, positions, ids, weights)
+    logits = logits.unflatten(0, positions.shape)  # (B*P, V): bert's rows
     expected = torch.nn.functional.cross_entropy(logits[:, :2].reshape(-1, 97), ids[:, :2].reshape(-1))
     torch.testing.assert_close(loss, expected)
     with torch.no_grad():  # all weights zero (an empty batch): a finite zero loss, not NaN

@@ -6,12 +6,14 @@ import importlib
 import io
 import json
 import os
+import pickle
 import random
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,7 +23,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 import pretrain
 from configs import CONFIGS
 from data import MLMLoader, Tokenizer, train_tokenizer
-from model import DataError, MaskedLM, load_checkpoint
+from model import DataError, MaskedLM, load_checkpoint, read_metadata, sha256
 
 REPO = Path(__file__).parent
 XLA_VENV = Path(os.environ.get("REMBERT_XLA_VENV", Path.home() / ".cache" / "rembert-xla-venv"))
@@ -58,7 +60,7 @@ def final_state(out_dir):
     with tempfile.TemporaryDirectory() as tmp:
         dcp_to_torch_save(path, os.path.join(tmp, "whole.pt"))
         state = torch.load(os.path.join(tmp, "whole.pt"), weights_only=False)
-    extra = torch.load(io.BytesIO(state.pop("extra")), weights_only=True)
+    extra = pretrain.read_train_state(os.path.join(path, pretrain.TRAIN_STATE))
     return {**json.loads(Path(path, "checkpoint.json").read_text()), **state, **extra}
 
 
@@ -321,9 +323,6 @@ def test_checkpoints_resuming_passed_over_are_set_aside_not_kept_instead_of_good
     assert f"moved {newest}, passed over above, to {newest}.damaged" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         ".lock", "ckpt-00000003", "ckpt-00000004.damaged", "ckpt-00000009.damaged"]
-    (tmp_path / "ckpt-00000001.pt").write_bytes(b"")  # an earlier version's checkpoint: not started over
-    with pytest.raises(DataError, match="holds checkpoints of an earlier pretrain.py"):
-        run(tokenizer, tmp_path, "--steps", "4", "--resume")
 
 
 def test_fewer_predictions_than_bert_masks_are_said(tokenizer, tmp_path, capsys):
@@ -369,7 +368,7 @@ def test_every_process_waits_for_the_tokenizer_rank_0_trains(tokenizer):
         def gather_object(self, exists):
             return [False, exists]
 
-        def barrier(self):
+        def on_main(self, work):  # (rank 0's work done: every process goes on together)
             self.barriers += 1
     runtime = Rank1()
     model_config, cfg = pretrain.parse_args(tiny_args(tokenizer, "unused"))
@@ -527,7 +526,7 @@ def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenize
     assert "2 process(es), weights sharded (FSDP2)" in fsdp
     assert logged(fsdp, "loss") == pytest.approx(logged(one, "loss"), rel=1e-5)
     shards = sorted(p.name for p in (tmp_path / "fsdp" / "ckpt-00000006").iterdir())
-    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "checkpoint.json"]  # each process its own
+    assert shards == [".metadata", "__0_0.distcp", "__1_0.distcp", "checkpoint.json", "train_state.safetensors"]
     straight = final_state(tmp_path / "fsdp")
     # 2 -> 1, sharded over the one process (tied) or not; and 1 -> 2
     for out, run, source, reference, flags in (
@@ -607,3 +606,182 @@ def test_xla_matches_eager_cpu_and_stops_compiling(tokenizer, tmp_path):
     compiles = logged(xla, "xla compiles")
     assert len(compiles) == 8 and compiles[4:] == [compiles[4]] * 4, compiles
     assert compiles[2:4] == [compiles[2]] * 2 and compiles[4] - compiles[2] <= 2, compiles
+
+
+# ----------------------------------------------------------------------------------------------
+# A checkpoint directory is data: nothing in it runs, nothing of the user's is touched, checkpoint.json is checked
+
+def rewrite_info(path, **changes):
+    """Edit checkpoint.json as a hostile or careless hand would, its digests recomputed: they say a file is
+    unchanged, not who wrote it."""
+    info = json.loads(Path(path, "checkpoint.json").read_text())
+    info.update(changes)
+    if "sha256" not in changes:
+        info["sha256"] = {p.name: sha256(str(p)) for p in Path(path).iterdir() if p.name != "checkpoint.json"}
+    Path(path, "checkpoint.json").write_text(json.dumps(info))
+
+
+class Payload:  # what a crafted pickle runs when loaded: here, it makes a directory
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.mkdir, (self.marker,)
+
+
+def test_a_run_touches_only_its_own_checkpoint_folders_and_rotates_a_moved_one_by_its_link(tokenizer, tmp_path,
+                                                                                            capsys):
+    out = tmp_path / "run"
+    for name in ("ckpt-00000010-hf", "ckpt-7", "ckpt-000000010"):  # a save_hf export, and others not of 8 digits
+        (out / name).mkdir(parents=True)
+        (out / name / "model.safetensors").write_bytes(b"the user's")
+    run(tokenizer, out, "--steps", "2", "--checkpoint-every", "1", "--keep", "1")
+    assert all((out / name / "model.safetensors").read_bytes() == b"the user's"
+               for name in ("ckpt-00000010-hf", "ckpt-7", "ckpt-000000010"))
+    moved = tmp_path / "other-disk" / "ckpt-00000002"  # moved to another disk, a link left in its place
+    shutil.move(out / "ckpt-00000002", moved)
+    (out / "ckpt-00000002").symlink_to(moved)
+    capsys.readouterr()
+    run(tokenizer, out, "--steps", "4", "--checkpoint-every", "1", "--keep", "1", "--resume")
+    log = capsys.readouterr().out
+    assert "at step 2" in log and "done: 4 steps" in log and "saving failed" not in log
+    assert not (out / "ckpt-00000002").exists() and (moved / "checkpoint.json").exists()  # the link alone went
+    assert [Path(p).name for p in pretrain.checkpoint_paths(out)] == ["ckpt-00000004"]
+
+
+def test_a_crafted_checkpoint_runs_nothing_and_is_refused_by_name(tokenizer, tmp_path, capsys):
+    run(tokenizer, tmp_path / "run", "--steps", "4", "--checkpoint-every", "2")
+    newest, marker = tmp_path / "run" / "ckpt-00000004", tmp_path / "ran"
+    (newest / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
+    rewrite_info(newest)
+    with pytest.raises(DataError, match=r"ckpt-00000004/.metadata: refused.* it names posix.mkdir"):
+        MaskedLM.from_checkpoint(str(newest))
+    evaluated = subprocess.run([sys.executable, "evaluate.py", "mlm-accuracy", "--checkpoint", str(newest), "--data",
+                                str(REPO / "sample_data" / "en.txt"), "--tokenizer", tokenizer, "--device", "cpu"],
+                               cwd=REPO, capture_output=True, text=True)
+    assert evaluated.returncode == 2 and evaluated.stderr.count("\n") == 1 and ".metadata: refused" in evaluated.stderr
+    run(tokenizer, tmp_path / "run", "--steps", "6", "--checkpoint-every", "2", "--resume")
+    assert "at step 2" in capsys.readouterr().out and (tmp_path / "run" / "ckpt-00000004.damaged").exists()
+    assert not marker.exists()
+    # An item that the checkpoint library would unpickle with torch.load(weights_only=False), a payload in a file of
+    # its own: never read, so the weight it stands for is missing.
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata, MetadataIndex
+    other, item = tmp_path / "run" / "ckpt-00000006", "model.head.decoder.bias"
+    (other / "payload.bin").write_bytes(pickle.dumps(Payload(str(marker))))
+    metadata = read_metadata(str(other))
+    metadata.state_dict_metadata[item] = BytesStorageMetadata()
+    metadata.storage_data[MetadataIndex(item)] = _StorageInfo("payload.bin", 0, (other / "payload.bin").stat().st_size)
+    (other / ".metadata").write_bytes(pickle.dumps(metadata))
+    rewrite_info(other)
+    with pytest.raises(DataError, match=r"ckpt-00000006: the weights do not fit the saved config: .*decoder.bias"):
+        MaskedLM.from_checkpoint(str(other))
+    assert not marker.exists()
+
+
+def test_checkpoint_json_is_checked_and_a_damaged_checkpoint_is_set_aside_under_a_free_name(tokenizer, tmp_path,
+                                                                                             capsys):
+    run(tokenizer, tmp_path / "made", "--steps", "4", "--checkpoint-every", "2")
+    shard = "__0_0.distcp"
+    damages = {  # what is done to ckpt-00000004 -> what the warning says
+        "a step not the folder's": (lambda p: rewrite_info(p, step=2), "step 2 in the folder of step 4"),
+        "a step of another type": (lambda p: rewrite_info(p, step="4"), "step: '4' is not a int"),
+        "a config of other types": (lambda p: rewrite_info(p, config={**json.loads(
+            (p / "checkpoint.json").read_text())["config"], "tie_embeddings": "no"}), "tie_embeddings: 'no'"),
+        "a train config of other types": (lambda p: rewrite_info(p, train_config={**json.loads(
+            (p / "checkpoint.json").read_text())["train_config"], "lr": "0.001"}), "lr: '0.001' is not a float"),
+        "a tokenizer that is no record": (lambda p: rewrite_info(p, tokenizer="spm.model"), "tokenizer: 'spm.model'"),
+        "a digest list naming a file outside": (lambda p: rewrite_info(p, sha256={**json.loads(
+            (p / "checkpoint.json").read_text())["sha256"], "../made.txt": "0"}), "names '../made.txt'"),
+        "a digest list naming /dev/zero": (lambda p: rewrite_info(p, sha256={**json.loads(
+            (p / "checkpoint.json").read_text())["sha256"], "/dev/zero": "0"}), "names '/dev/zero'"),
+        "an empty digest list": (lambda p: rewrite_info(p, sha256={}), "no .metadata"),
+        "a file not in the list": (lambda p: (p / "extra.bin").write_bytes(b"x"), "extra.bin is in the folder but not"),
+        "a shard linked to /dev/zero": (lambda p: ((p / shard).unlink(), (p / shard).symlink_to("/dev/zero")),
+                                        f"{shard}: damaged (not a regular file)"),
+        "a shard that is a FIFO": (lambda p: ((p / shard).unlink(), os.mkfifo(p / shard)),
+                                   f"{shard}: damaged (not a regular file)"),
+        "checkpoint.json a FIFO": (lambda p: ((p / "checkpoint.json").unlink(), os.mkfifo(p / "checkpoint.json")),
+                                   "checkpoint.json: damaged (not a regular file)"),
+    }
+    for case, (damage, said) in damages.items():
+        out = tmp_path / case.replace(" ", "-").replace("/", "")
+        shutil.copytree(tmp_path / "made", out, symlinks=True)
+        damage(out / "ckpt-00000004")
+        capsys.readouterr()
+        run(tokenizer, out, "--steps", "4", "--checkpoint-every", "2", "--resume")
+        log = capsys.readouterr().out
+        assert "warning:" in log and said in log and "at step 2" in log, case
+        assert (out / "ckpt-00000004.damaged").exists() and final_state(out)["step"] == 4, case
+    # The same step damaged twice: set aside again, under the next free name.
+    out = tmp_path / "a-step-not-the-folder's"
+    rewrite_info(out / "ckpt-00000004", step=2)
+    run(tokenizer, out, "--steps", "4", "--checkpoint-every", "2", "--resume")
+    assert "to " + str(out / "ckpt-00000004.damaged-2") in capsys.readouterr().out
+
+
+def test_a_full_disk_is_one_line_and_the_checkpoint_before_stays(tokenizer, tmp_path, monkeypatch):
+    run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
+
+    def disk_full(*args, **kwargs):  # inside the checkpoint library, which wraps it with every process's traceback
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch.distributed.checkpoint.filesystem, "_write_item", disk_full)
+    with pytest.raises(OSError) as failed:
+        run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2", "--resume")
+    message = str(failed.value)
+    assert "ckpt-00000004: saving failed (no space left on device" in message
+    assert "\n" not in message and "Traceback" not in message
+    monkeypatch.undo()
+    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
+    run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2", "--resume")
+    assert final_state(tmp_path)["step"] == 4
+
+
+def test_rank_and_world_size_without_torchrun_are_one_line(tokenizer, tmp_path, monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    for env in ({"RANK": "0", "WORLD_SIZE": "2"}, {"RANK": "0", "WORLD_SIZE": "two"}):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        with pytest.raises(DataError, match="start the processes with torchrun"):
+            run(tokenizer, tmp_path, "--steps", "2")
+
+
+def two_processes(tokenizer, out_dir, *extra):
+    """pretrain.py as torchrun starts 2 processes, each with its own output."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "OMP_NUM_THREADS": "1"}
+    return [subprocess.Popen([sys.executable, "pretrain.py", *tiny_args(tokenizer, out_dir, *extra)], cwd=REPO,
+                             env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+
+
+def test_one_process_stopping_stops_every_process_with_one_line(tokenizer, tmp_path):
+    holder = hold_out_dir(tmp_path / "held")
+    try:
+        outputs = [p.communicate(timeout=300) for p in two_processes(tokenizer, tmp_path / "held", "--steps", "2")]
+    finally:
+        holder.kill()
+    lines = [err.strip().splitlines() for _, err in outputs]
+    assert all(len(said) == 1 and "is in use by another run" in said[0] for said in lines), lines
+    assert lines[0] == lines[1]
+    # A process killed mid-run: the other says so in one line.
+    rank0, rank1 = two_processes(tokenizer, tmp_path / "killed", "--steps", "2000", "--log-every", "1")
+    for line in rank0.stdout:
+        if line.startswith("step      2/"):
+            rank1.kill()
+            break
+    _, err = rank0.communicate(timeout=300)
+    rank1.wait()
+    assert rank0.returncode == 2 and err.strip() == "pretrain.py: error: another process stopped: see its message"
+
+
+def test_fsdp_prints_no_warning_of_a_dropped_hook(tokenizer, tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run(tokenizer, tmp_path, "--steps", "2", "--fsdp")
+    assert not [w for w in caught if "view tensor" in str(w.message)]

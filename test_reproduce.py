@@ -71,8 +71,34 @@ def test_the_majority_tagger_and_the_collapse_marker(tmp_path):
     assert claims["E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)"].startswith("not measured")
     results["E_out 16"]["0"] = run(6.85, 5.1, 10)
     claims = {claim: verdict for claim, _, verdict in reproduce.claims(results, p)}
-    assert claims["E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)"] == "visible"
-    assert claims["E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)"] == "within the spread"
+    assert claims["E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)"] == "visible at both steps (n=2 seeds)"
+
+
+def test_each_step_of_a_comparison_has_its_verdict():
+    """Made-up runs: E_out 16 -> 64 within the spread of 4 seeds and 64 -> 256 beyond it; decoupling beyond it the
+    other way on 2 seeds; a collapsed run leaves 2 of 3 seeds."""
+    p = SimpleNamespace(small=16, hidden=64, extra_layers=4)
+
+    def runs(losses, accuracies, collapsed=()):
+        return {str(seed): {"curve": [[1, loss, accuracy]], "panx": {"zero_shot": 20.0},
+                            "collapsed": seed in collapsed}
+                for seed, (loss, accuracy) in enumerate(zip(losses, accuracies))}
+    results = {"E_out 16": runs([7.0, 7.02, 7.0, 7.02], [7.0, 7.2, 7.0, 7.2]),  # accuracy 7.1, sd 0.115
+               "E_out 64": runs([6.6, 6.62, 6.6, 6.62], [7.1, 7.3, 7.1, 7.3]),  # +0.1 against 2 sd 0.23
+               "E_out 256": runs([6.2, 6.22, 6.2, 6.22], [10.0, 10.2, 10.0, 10.2]),  # +2.9
+               "E_out 16 + 4 layers": runs([6.9, 6.92, 9.0], [7.0, 7.2, 5.0], collapsed=[2]),
+               "coupled": runs([6.4, 6.4], [8.3, 8.2]), "decoupled": runs([6.5, 6.5], [7.5, 7.6])}
+    claims = {claim: (measured, verdict) for claim, measured, verdict in reproduce.claims(results, p)}
+    assert claims["E_out H/4 -> H -> 4H: held-out MLM accuracy rises (Table 8)"] == (
+        "E_out 16 -> E_out 64: +0.10 points (2 sd 0.23); E_out 64 -> E_out 256: +2.90 points (2 sd 0.23)",
+        "visible at E_out 64 -> E_out 256; within the spread at E_out 16 -> E_out 64 (n=4 seeds)")
+    assert claims["E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)"][1] == (
+        "visible at both steps (n=4 seeds)")
+    assert claims["E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)"][1] == (
+        "within the spread at both steps (n=4 seeds)")
+    assert claims["coupled -> decoupled: held-out MLM accuracy rises (Table 8)"] == (
+        "-0.70 points (2 sd 0.14)", "opposite (n=2 seeds)")
+    assert claims["+4 pre-training-only layers: held-out MLM loss falls"][1] == "visible (n=2 to 4 seeds)"
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
@@ -115,6 +141,7 @@ def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path):
     corpus.mkdir()
     (corpus / "en.txt").write_text("A sentence.\nAnother one.\n")
     for flags, message in ((["--seeds", "-1"], "--seeds"),
+                           (["--models", "E_out 99"], "--models must be models of the quick preset ("),
                            (["--out-dir", str(tmp_path / "other")], "results.json holds results of another preset"),
                            (["--data", str(tmp_path / "none")], "has no such directory; the README's \"Data\" section"),
                            (["--panx", str(tmp_path)], "--panx " + str(tmp_path) + " has no train-en.tsv"),
