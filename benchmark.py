@@ -1,7 +1,7 @@
 """How fast is this RemBERT, against transformers' and against the machine?
 
 `model` times the three steps a user pays for, each against transformers' RemBERT built from the same
-config and the same weights (exported with `model.save_hf`, loaded with `from_pretrained`):
+config and the same weights (exported with `checkpoints.save_hf`, loaded with `from_pretrained`):
   pretrain  masked-LM step (forward, backward, AdamW): ours runs the MLM head (Section 5's E_out ->
             vocabulary matrix, the largest of the model) at the masked positions only, transformers' at
             every position, ignoring the unmasked ones (labels -100);
@@ -32,7 +32,8 @@ import torch
 
 from configs import (CONFIGS, GIVEN, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line, resolve_device,
                      run_script)
-from model import Encoder, MaskedLM, SequenceClassifier, save_hf
+from checkpoints import save_hf
+from model import Encoder, MaskedLM, SequenceClassifier
 
 PHASES = ("pretrain", "finetune", "infer")
 NUM_LABELS = 3  # XNLI's

@@ -1,11 +1,10 @@
 """Every model of "Rethinking Embedding Coupling in Pre-trained Language Models", by name, and the
 command-line convention all the scripts share.
 
-The multilingual models of Sections 4-5 (Tables 2-6) are mBERT-sized (12 layers, H 768, 12 heads, a
-120k SentencePiece vocabulary) and differ in their embeddings and layers; the English BERT-base rows
-are from the appendix (Tables 12-13); `rembert` is the released model (Section 5, Appendix A.7).
-`python configs.py` prints the pre-training and fine-tuning parameter counts of each beside the
-paper's.
+The multilingual models of Sections 4-5 (Tables 2-6) are mBERT-sized (12 layers, H 768, 12 heads, a 120k
+SentencePiece vocabulary) and differ in their embeddings and layers; the English BERT-base rows are from the appendix
+(Tables 12-13); `rembert` is the released model (Section 5, Appendix A.7). `python configs.py` prints the pre-training
+and fine-tuning parameter counts of each beside the paper's.
 """
 
 import argparse
@@ -20,7 +19,8 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from model import DataError, MaskedLM, ModelConfig, count_parameters
+from checkpoints import DataError
+from model import MaskedLM, ModelConfig, count_parameters
 
 # mBERT's shape (Appendix A.2). The paper's models use no dropout (A.2, following ALBERT).
 MBERT = ModelConfig(vocab_size=120_000, hidden_size=768, num_layers=12, num_heads=12, intermediate_size=3072,
@@ -59,8 +59,7 @@ CONFIGS = {
     # released checkpoint has 1664, the only value that gives the paper's 995M pre-training parameters.
     "rembert": ModelConfig(vocab_size=250_300, hidden_size=1152, num_layers=32, num_heads=18, intermediate_size=4608,
                            input_embedding_size=256, output_embedding_size=1664, dropout=0.0),
-    # For CPU work: the same shape of model (E_in < H < E_out, decoupled), a few million parameters;
-    # no dropout, as the paper pre-trains.
+    # For CPU work: the same shape of model (E_in < H < E_out, decoupled, no dropout), a few million parameters.
     "tiny": ModelConfig(vocab_size=8000, hidden_size=128, num_layers=2, num_heads=2, intermediate_size=512,
                         input_embedding_size=64, output_embedding_size=256, dropout=0.0),
     "small": ModelConfig(vocab_size=32_000, hidden_size=256, num_layers=4, num_heads=4, intermediate_size=1024,

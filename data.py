@@ -1,27 +1,25 @@
-"""Data for RemBERT: the SentencePiece vocabulary, the multilingual masked-LM stream of pre-training,
-and the readers of the XTREME task files (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7; the
-pre-training input as mBERT's, after google-research/bert's create_pretraining_data.py).
+"""Data for RemBERT (Chung et al., ICLR 2021, Section 3, Appendix A.3-A.7): the SentencePiece vocabulary, the
+multilingual masked-LM stream of pre-training (mBERT's input, after google-research/bert's create_pretraining_data.py)
+and the readers of the XTREME task files.
 
-Masked-LM stream: MLMLoader yields batches forever (input_ids, token_type_ids, attention_mask (B, T);
-masked_positions, masked_ids, masked_weights (B, P)), with an exact state_dict() / load_state_dict().
-Its data: a file, a directory of *.txt or a list of them; UTF-8 text, one sentence
-per line, a blank line between documents; a file's language is its name up to the first dot (en.2.txt).
-  * Streams. Row b of micro-batch a of process `rank`, made by DataLoader worker w, is stream
-    s = w * G + (a * world_size + rank) * batch_size + b, one of S = max(num_workers, 1) * G, where G =
-    batch_size * grad_accum * world_size is the global batch; it reads the lines that start in bytes
-    [s/S, (s+1)/S) of every file. The streams read disjoint shares whose union is the corpus, and a step does
-    not depend on how processes and accumulation split the global batch: a run resumes on any such split.
-  * Languages. Each row is one language, drawn with p_l ∝ n_l^alpha (n_l: its lines, counted at the start
-    with each file's SHA-256). A share used up repeats, reshuffled: alpha < 1 upsamples.
-  * Shuffling, bounded: a share's chunks of `shuffle_bytes` in a random order each pass, a chunk's
-    documents in a random order, their lines in order.
-  * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across lines and documents
-    (RoBERTa's FULL-SENTENCES); a long line goes on in the language's next row. Every row is full.
-  * Masking (create_pretraining_data.py): 15% of the pieces, at most max_predictions, never [CLS]/[SEP];
-    of those 80% [MASK], 10% a random ordinary piece, 10% unchanged.
-  * Memory is flat: a stream keeps its last few chunks and a few ints per language; returning to a
-    language reads its chunk again. Every draw is a function of the seed and a position, so a restored
-    loader yields exactly the batches the uninterrupted one would have, with or without workers.
+MLMLoader yields batches forever (input_ids, token_type_ids, attention_mask (B, T); masked_positions, masked_ids,
+masked_weights (B, P)), with an exact state_dict() / load_state_dict(). Its data: a file, a directory of *.txt or a
+list of them; UTF-8 text, one sentence per line, a blank line between documents; a file's language is its name up to
+the first dot (en.2.txt).
+  * Streams. Row b of micro-batch a of process `rank`, made by DataLoader worker w, is stream s = w * G +
+    (a * world_size + rank) * batch_size + b of S = max(num_workers, 1) * G (G = batch_size * grad_accum * world_size,
+    the global batch); it reads the lines that start in bytes [s/S, (s+1)/S) of every file (disjoint shares, the
+    whole corpus). A step does not depend on how processes and accumulation split the global batch: a run resumes on
+    any such split.
+  * Languages: each row is one, drawn with p_l ∝ n_l^alpha (n_l: its lines, counted at the start with each file's
+    SHA-256). A share used up repeats, reshuffled: alpha < 1 upsamples.
+  * Shuffling, bounded: each pass, a share's chunks of `shuffle_bytes` and a chunk's documents in a random order.
+  * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across lines and documents (RoBERTa's
+    FULL-SENTENCES); a long line goes on in the language's next row. Every row is full.
+  * Masking (create_pretraining_data.py): 15% of the pieces, at most max_predictions, never [CLS]/[SEP]; of those
+    80% [MASK], 10% a random ordinary piece, 10% unchanged.
+  * Memory is flat: a stream keeps its last few chunks and a few ints per language. Every draw is a function of the
+    seed and a position: restored, with or without workers, a loader yields exactly the uninterrupted one's batches.
 """
 
 import collections
@@ -43,7 +41,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from model import CHECKPOINT_INFO, DataError, read_checkpoint_info, sha256
+from checkpoints import CHECKPOINT_INFO, DataError, read_checkpoint_info, sha256
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -53,120 +51,6 @@ PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 LABEL_ALIASES = {"contradictory": "contradiction"}  # XNLI-MT's translated MultiNLI train files
 NEWLINE = b"\n"
 MAX_LINE = 8192  # characters: a longer corpus line is read as several (see in_parts)
-
-
-# ----------------------------------------------------------------------------------------------
-# Corpus files: languages, line counts and digests, documents by byte range
-
-def corpus_files(data):
-    """{language: [paths]} from a file, a directory (its *.txt, and its folders') or a list of them."""
-    if isinstance(data, dict):  # (not {language: files}: a file's language is its name)
-        raise TypeError("corpus files: a file, a directory or a list of them, not a dict")
-    langs = {}
-    for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
-        found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
-            p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True, include_hidden=True)
-            if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", p))
-        if not found:
-            raise DataError(f"{path}: no *.txt files in this directory or its folders")
-        for p in found:
-            if os.path.basename(p).startswith("."):
-                raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")
-            if p.endswith((".gz", ".bz2", ".xz", ".zst")):
-                raise DataError(f"{p}: a compressed file, which a stream cannot seek into for its share; "
-                                f"decompress it first")
-            if p.endswith((".json", ".jsonl")):  # (mC4's and other corpora's form: their text is in a field)
-                raise DataError(f"{p}: a JSON file; a corpus is plain text, one sentence per line")
-            if not os.path.isfile(p):
-                raise FileNotFoundError(f"{p}: no such file" + " (a directory)" * os.path.isdir(p))
-            langs.setdefault(os.path.basename(p).split(".")[0], []).append(p)
-    if not langs:
-        raise DataError("no input files")
-    return langs
-
-
-def count_lines(path):
-    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that also checks it: text (UTF-8, no NUL
-    byte) with at least one non-blank line. A bad byte is reported with its line number."""
-    lines = blank = size = 0
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            chunk += f.readline()  # whole lines
-            digest.update(chunk)
-            chunk = chunk.removeprefix(b"\xef\xbb\xbf" * (size == 0))  # (no BOM)
-            try:
-                chunk.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, e.start) + 1}: not UTF-8") from None
-            if (nul := chunk.find(b"\0")) >= 0:
-                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, nul) + 1}: a NUL byte: not a text file")
-            if chunk.count(b"\r") - chunk.count(b"\r\n") > chunk.count(NEWLINE):  # old Mac line ends, not a stray \r
-                at = lines + chunk.count(NEWLINE, 0, re.search(rb"\r(?!\n)", chunk).start()) + 1
-                raise DataError(f"{path}:{at}: lines that end in a carriage return alone: the file would be one line")
-            # A chunk starts at a line start: "\n" + chunk puts a "\n" before each of its lines.
-            blank += len(re.findall(rb"\n[ \t\r\f\v]*(?=\n|\Z)", NEWLINE + chunk)) - chunk.endswith(NEWLINE)
-            size += len(chunk)
-            lines += chunk.count(NEWLINE) + (not chunk.endswith(NEWLINE))
-    if lines == blank:
-        raise DataError(f"{path}: {'empty file' if size == 0 else 'only blank lines'}")
-    return lines - blank, digest.hexdigest()
-
-
-def line_counts(paths):
-    """{path: (non-blank lines, SHA-256)}, the files read in parallel. The lines weigh the languages; the digests
-    let a resumed run check that its corpus is the one it streamed (an edit that keeps size and lines too)."""
-    with ProcessPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
-        return dict(zip(paths, pool.map(count_lines, paths)))
-
-
-def write_json(path, obj):
-    """Written whole or not at all (a crash, another process writing it): a temporary file of ours, renamed."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
-
-
-def read_chunk(path, start, stop, size):
-    """The lines of a file of `size` bytes that start in bytes [start, stop), as documents (lists of lines, split at
-    blank lines; a document crossing `start` or `stop` is cut there; a line longer than MAX_LINE characters is read as
-    several). Every line belongs to exactly one range of a partition of [0, size), so byte ranges shard a file with
-    no line lost or repeated."""
-    with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size != size:  # (the shares and the saved state are of that size)
-            raise DataError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} when this run counted its lines: "
-                            f"changed while it was read; restore it, or start a new run")
-        if start > 0:  # the line holding byte start - 1 belongs to the range before
-            f.seek(start - 1)
-            if (end := f.read(stop - start + 1).find(b"\n")) < 0:  # (a long line's middle: not read to its end)
-                return []
-            f.seek(start + end)
-        begin = f.tell()
-        if begin >= stop:
-            return []
-        raw = f.read(stop - begin)
-        if not raw.endswith(b"\n"):
-            raw += f.readline()  # the last line started before `stop`: it is ours, whole
-    try:  # count_lines checked the file when it was counted; it may have changed since
-        text = raw.decode("utf-8").removeprefix("\ufeff" if begin == 0 else "")  # a byte order mark
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: byte {begin + e.start}: not UTF-8 (changed since its lines were counted?)") from None
-    blocks = re.split(r"\n[ \t\r\f\v]*\n[ \t\r\f\v\n]*", "\n" + text)  # at runs of blank lines
-    blocks = [block.strip(" \t\n\r\f\v") for block in blocks]  # ASCII blanks, as count_lines counts them
-    return [[part for line in block.split("\n") for part in in_parts(line)] for block in blocks if block]
-
-
-def in_parts(line, most=MAX_LINE):
-    """The line cut every `most` characters: a line of megabytes would be tokenized whole (and again whenever its
-    stream comes back to it), and SentencePiece's trainer skips lines over 64 KiB without a word."""
-    return [line[i:i + most] for i in range(0, len(line), most)]
-
-
-def sampling_probabilities(counts, alpha):
-    """p_l ∝ n_l^alpha (Appendix A.7: alpha = 0.5; mBERT used 0.7): {language: probability}."""
-    total = sum(n ** alpha for n in counts.values())
-    return {lang: n ** alpha / total for lang, n in counts.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -203,17 +87,15 @@ class Tokenizer:
         return self.sp.encode(text)
 
     def is_blank(self, char):
-        """Whether SentencePiece reads `char` as nothing or as a space: whitespace, but also U+200B, U+200E,
-        U+FEFF and the like, which its normalization turns into blanks."""
+        """Whether SentencePiece reads `char` as nothing or a space: whitespace, U+200B, U+FEFF and the like."""
         if char not in self._blank:
             self._blank[char] = char.isspace() or not self.sp.normalize(char)
         return self._blank[char]
 
     def encode_with_offsets(self, text):
-        """(ids, [(start, end)]): each piece's characters in `text` itself, found through SentencePiece's
-        normalization (NFKC, collapsed whitespace). A span never starts or ends with a blank character, so the "▁"
-        of a word start is not counted; a lone "▁" has an empty span, as have all but the last piece of a character
-        that is several (its UTF-8 bytes; "…", which normalization makes "...")."""
+        """(ids, [(start, end)]): each piece's characters in `text` itself, through SentencePiece's normalization
+        (NFKC, collapsed whitespace). A span never starts or ends with a blank (a word start's "▁" is not counted); a
+        lone "▁" has an empty span, as have all but the last of a character's several pieces (bytes; "…" -> "...")."""
         out = self.sp.encode(text, return_type="offset_mapping")
         offsets = []
         for start, end in out["offsets"]:
@@ -300,7 +182,13 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
 
 
 # ----------------------------------------------------------------------------------------------
-# Masked-LM stream
+# The masked-LM stream: languages drawn by α-sampling (Appendix A.7), BERT's masking, packed rows
+
+def sampling_probabilities(counts, alpha):
+    """p_l ∝ n_l^alpha (Appendix A.7: alpha = 0.5; mBERT used 0.7): {language: probability}."""
+    total = sum(n ** alpha for n in counts.values())
+    return {lang: n ** alpha / total for lang, n in counts.items()}
+
 
 def mask_tokens(ids, rng, tokenizer, max_predictions, masked_lm_prob=0.15):
     """create_pretraining_data.py's create_masked_lm_predictions on one [CLS] ... [SEP] sequence: returns
@@ -322,8 +210,8 @@ CACHED = 8  # chunks (and chunk orders) a stream keeps in memory, however many l
 
 
 # What every stream needs, the same in every process (picklable for DataLoader workers): [(language, [paths])],
-# sorted; lines per language; {path: bytes}; the number of streams S; and the loader's settings.
-_Corpus = collections.namedtuple("_Corpus", "langs counts sizes streams seed shuffle_bytes alpha")
+# sorted; the languages' cumulative probabilities; {path: bytes}; the number of streams S; and the loader's settings.
+_Corpus = collections.namedtuple("_Corpus", "langs cdf sizes streams seed shuffle_bytes")
 
 
 class _Stream:
@@ -332,20 +220,16 @@ class _Stream:
 
     def __init__(self, corpus, stream, tokenizer, readers, seq):
         self.corpus, self.stream, self.tokenizer, self.readers, self.seq = corpus, stream, tokenizer, readers, seq
-        self.cdf = np.cumsum(np.array(corpus.counts, dtype=np.float64) ** corpus.alpha)  # cumulative n_l^alpha
+        self.cdf = corpus.cdf  # p_l ∝ n_l^alpha, summed (the draw in next_row)
         self.share = functools.cache(self._share)
         # The CACHED most recent chunk orders and chunks (documents shuffled): memory flat in the languages.
         self.chunk_order = functools.lru_cache(CACHED)(
-            lambda lang, borrow, pass_: self._shuffled(self.share(lang, borrow)[1], lang, borrow, pass_))
+            lambda lang, borrow, pass_: self._rng(lang, borrow, pass_).permutation(self.share(lang, borrow)[1]))
         self.chunk_docs = functools.lru_cache(CACHED)(self._chunk_docs)
         self.line_ids = self.line_key = None
 
     def _rng(self, *keys):
         return np.random.default_rng([self.corpus.seed, self.stream, *keys])
-
-    def _shuffled(self, n, *keys):
-        """A random order of range(n), a pure function of the keys (one item needs no draw)."""
-        return self._rng(*keys).permutation(n) if n > 1 else range(n)
 
     def _share(self, lang, borrow):
         """Share (stream + borrow) % S of the language's files, [(path, first byte, end byte, chunks in the files
@@ -360,12 +244,11 @@ class _Stream:
 
     def _chunk_docs(self, lang, borrow, pass_, chunk):
         """The documents of the chunk-th chunk of the pass, in a random order."""
-        parts, _ = self.share(lang, borrow)
         k, step = int(self.chunk_order(lang, borrow, pass_)[chunk]), self.corpus.shuffle_bytes
-        path, first, end, before = next(part for part in reversed(parts) if part[3] <= k)
+        path, first, end, before = next(part for part in reversed(self.share(lang, borrow)[0]) if part[3] <= k)
         docs = read_chunk(path, first + (k - before) * step, min(first + (k - before + 1) * step, end),
                           self.corpus.sizes[path])
-        return [docs[i] for i in self._shuffled(len(docs), lang, borrow, pass_, chunk)]
+        return [docs[i] for i in self._rng(lang, borrow, pass_, chunk).permutation(len(docs))]
 
     def _take(self, lang, n):
         """Up to n pieces of the language's current line (fewer at its end); None when the pass over the share is
@@ -455,12 +338,13 @@ class MLMLoader:
         self.tokenizer, self.num_workers = tokenizer, num_workers
         langs = sorted(corpus_files(data).items())
         lines = counts or line_counts([p for _, paths in langs for p in paths])
-        lang_lines = [sum(lines[p][0] for p in paths) for _, paths in langs]
         sizes = {p: os.path.getsize(p) for _, paths in langs for p in paths}
+        lang_lines = {lang: sum(lines[p][0] for p in paths) for lang, paths in langs}
+        self.probabilities = sampling_probabilities(lang_lines, alpha)
         workers, global_batch = max(num_workers, 1), batch_size * grad_accum * world_size
-        self.corpus = _Corpus(langs, lang_lines, sizes, workers * global_batch, seed, shuffle_bytes, alpha)
+        cdf = np.cumsum(list(self.probabilities.values()))
+        self.corpus = _Corpus(langs, cdf, sizes, workers * global_batch, seed, shuffle_bytes)
         self.settings = (batch_size, grad_accum, seq_len, max_predictions)
-        self.probabilities = sampling_probabilities({lang: n for (lang, _), n in zip(langs, lang_lines)}, alpha)
         # What a saved state must agree with: the files by name, size, lines and digest (not by path: a corpus may
         # move), and the global batch, not how processes and accumulation split it.
         files = [[lang, os.path.basename(p), sizes[p], *lines[p]] for lang, paths in langs for p in paths]
@@ -505,10 +389,9 @@ class MLMLoader:
         n = len(st["workers"])
         logical = [(st["next_worker"] + p) % n for p in range(n)]  # DataLoader asks worker 0, 1, ... in turn
         states = [{k: v.copy() for k, v in st["workers"][w].items()} for w in logical]
-        # A generator of its own: DataLoader seeds its workers from it (they draw nothing), and torch's
-        # global one, dropout's, stays untouched, so a resumed run draws the masks the uninterrupted one does.
-        # collate_fn=tuple passes each (batches, state, worker) on as the worker made it: a step's batches come
-        # from one worker, so the steps do not depend on how processes and accumulation split the global batch.
+        # A generator of its own: DataLoader seeds its workers from it (they draw nothing), and torch's global one,
+        # dropout's, stays untouched, so a resumed run draws the uninterrupted one's masks. collate_fn=tuple passes
+        # each (batches, state, worker) on as made: a step's batches come from one worker, however split the batch.
         for batches, worker_state, w in torch.utils.data.DataLoader(
                 _WorkerStreams(self.corpus, self.tokenizer, self.settings, logical, states), batch_size=None,
                 num_workers=self.num_workers, collate_fn=tuple, generator=torch.Generator()):
@@ -517,6 +400,106 @@ class MLMLoader:
             yield from batches[:-1]
             st["workers"][w], st["next_worker"] = worker_state, (w + 1) % n  # (the step is taken with its last batch)
             yield batches[-1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading the corpus, checked where it enters: languages, line counts and digests, documents by byte range
+
+def corpus_files(data):
+    """{language: [paths]} from a file, a directory (its *.txt, and its folders') or a list of them."""
+    if isinstance(data, dict):  # (not {language: files}: a file's language is its name)
+        raise TypeError("corpus files: a file, a directory or a list of them, not a dict")
+    langs = {}
+    for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
+        found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
+            p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True, include_hidden=True)
+            if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", p))
+        if not found:
+            raise DataError(f"{path}: no *.txt files in this directory or its folders")
+        for p in found:
+            if os.path.basename(p).startswith("."):
+                raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")
+            if p.endswith((".gz", ".bz2", ".xz", ".zst")):
+                raise DataError(f"{p}: a compressed file, which a stream cannot seek into for its share; "
+                                f"decompress it first")
+            if p.endswith((".json", ".jsonl")):  # (mC4's and other corpora's form: their text is in a field)
+                raise DataError(f"{p}: a JSON file; a corpus is plain text, one sentence per line")
+            if not os.path.isfile(p):
+                raise FileNotFoundError(f"{p}: no such file" + " (a directory)" * os.path.isdir(p))
+            langs.setdefault(os.path.basename(p).split(".")[0], []).append(p)
+    if not langs:
+        raise DataError("no input files")
+    return langs
+
+
+def count_lines(path):
+    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that also checks it: text (UTF-8, no NUL
+    byte) with at least one non-blank line. A bad byte is reported with its line number."""
+    lines = blank = size = 0
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 24):
+            chunk += f.readline()  # whole lines
+            digest.update(chunk)
+            chunk = chunk.removeprefix(b"\xef\xbb\xbf" * (size == 0))  # (no BOM)
+            try:
+                chunk.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, e.start) + 1}: not UTF-8") from None
+            if (nul := chunk.find(b"\0")) >= 0:
+                raise DataError(f"{path}:{lines + chunk.count(NEWLINE, 0, nul) + 1}: a NUL byte: not a text file")
+            if chunk.count(b"\r") - chunk.count(b"\r\n") > chunk.count(NEWLINE):  # old Mac line ends, not a stray \r
+                at = lines + chunk.count(NEWLINE, 0, re.search(rb"\r(?!\n)", chunk).start()) + 1
+                raise DataError(f"{path}:{at}: lines that end in a carriage return alone: the file would be one line")
+            # A chunk starts at a line start: "\n" + chunk puts a "\n" before each of its lines.
+            blank += len(re.findall(rb"\n[ \t\r\f\v]*(?=\n|\Z)", NEWLINE + chunk)) - chunk.endswith(NEWLINE)
+            size += len(chunk)
+            lines += chunk.count(NEWLINE) + (not chunk.endswith(NEWLINE))
+    if lines == blank:
+        raise DataError(f"{path}: {'empty file' if size == 0 else 'only blank lines'}")
+    return lines - blank, digest.hexdigest()
+
+
+def line_counts(paths):
+    """{path: (non-blank lines, SHA-256)}, the files read in parallel. The lines weigh the languages; the digests
+    let a resumed run check that its corpus is the one it streamed (an edit that keeps size and lines too)."""
+    with ProcessPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
+        return dict(zip(paths, pool.map(count_lines, paths)))
+
+
+def read_chunk(path, start, stop, size):
+    """The lines of a file of `size` bytes that start in bytes [start, stop), as documents (lists of lines, split at
+    blank lines; a document crossing `start` or `stop` is cut there; a line longer than MAX_LINE characters is read as
+    several). Every line belongs to exactly one range of a partition of [0, size), so byte ranges shard a file with
+    no line lost or repeated."""
+    with open(path, "rb") as f:
+        if os.fstat(f.fileno()).st_size != size:  # (the shares and the saved state are of that size)
+            raise DataError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} when this run counted its lines: "
+                            f"changed while it was read; restore it, or start a new run")
+        if start > 0:  # the line holding byte start - 1 belongs to the range before
+            f.seek(start - 1)
+            if (end := f.read(stop - start + 1).find(b"\n")) < 0:  # (a long line's middle: not read to its end)
+                return []
+            f.seek(start + end)
+        begin = f.tell()
+        if begin >= stop:
+            return []
+        raw = f.read(stop - begin)
+        if not raw.endswith(b"\n"):
+            raw += f.readline()  # the last line started before `stop`: it is ours, whole
+    try:  # count_lines checked the file when it was counted; it may have changed since
+        text = raw.decode("utf-8").removeprefix("\ufeff" if begin == 0 else "")  # a byte order mark
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path}: byte {begin + e.start}: not UTF-8 (changed since its lines were counted?)") from None
+    blocks = re.split(r"\n[ \t\r\f\v]*\n[ \t\r\f\v\n]*", "\n" + text)  # at runs of blank lines
+    blocks = [block.strip(" \t\n\r\f\v") for block in blocks]  # ASCII blanks, as count_lines counts them
+    return [[part for line in block.split("\n") for part in in_parts(line)] for block in blocks if block]
+
+
+def in_parts(line, most=MAX_LINE):
+    """The line cut every `most` characters: a line of megabytes would be tokenized whole (and again whenever its
+    stream comes back to it), and SentencePiece's trainer skips lines over 64 KiB without a word."""
+    return [line[i:i + most] for i in range(0, len(line), most)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -612,7 +595,7 @@ def read_pairs(path, labels=None, labelled=False):
         row = [None if i is None else row[i] for i in columns] if columns else row + [None] * (4 - len(row))
         if not (row[0].strip() and row[1].strip()):
             raise DataError(f"{where}: a blank sentence{1 + bool(row[0].strip())}; a pair needs two sentences")
-        label = None if row[2] is None else LABEL_ALIASES.get(row[2], row[2])
+        label = LABEL_ALIASES.get(row[2], row[2])
         if labels is not None and label is not None:
             check_label(label, labels, where)
         examples.append(PairExample(row[0], row[1], label, where, row[3]))
@@ -678,8 +661,8 @@ def read_squad(path, check_answers=True):
                     raise DataError(f"{where}: this id is used twice (scores are kept by id)")
                 seen.add(qa["id"])
                 _expect(isinstance(qa.get("question"), str), where, '"question" string')
-                _expect(isinstance(qa.get("answers", []), list), where, '"answers" list')
-                for answer in qa.get("answers", []):
+                _expect(isinstance(answers := qa.get("answers", []), list), where, '"answers" list')
+                for answer in answers:
                     start = answer.get("answer_start") if isinstance(answer, dict) else None
                     _expect(isinstance(start, int) and not isinstance(start, bool) and start >= 0
                             and isinstance(answer.get("text"), str), where,
@@ -688,10 +671,10 @@ def read_squad(path, check_answers=True):
                     if check_answers and found != answer["text"]:
                         raise DataError(f"{where}: answer {answer['text']!r} is not at answer_start {start} of "
                                         f"the context (found {found!r})")
-                texts = [qa["id"], qa["question"], context, *(answer["text"] for answer in qa.get("answers", []))]
+                texts = [qa["id"], qa["question"], context, *(answer["text"] for answer in answers)]
                 if any(re.search("[\ud800-\udfff]", text) for text in texts):  # JSON may escape one: "\\ud83d"
                     raise DataError(f"{where}: its text holds a lone UTF-16 surrogate (half of a pair), no character")
-                examples.append(SquadExample(qa["id"], qa["question"], context, qa.get("answers", []), a, where))
+                examples.append(SquadExample(qa["id"], qa["question"], context, answers, a, where))
     if not examples:
         raise DataError(f"{path}: no questions")
     return examples
@@ -700,3 +683,4 @@ def read_squad(path, check_answers=True):
 def _expect(ok, where, what):
     if not ok:
         raise DataError(f"{where}: needs a {what}")
+

@@ -1,15 +1,13 @@
 r"""Evaluation for "Rethinking Embedding Coupling in Pre-trained Language Models" (Chung et al., ICLR 2021).
 
-The paper fine-tunes on English and evaluates zero-shot on the XTREME tasks (Section 3, Tables 2-7).
-This file holds the official metrics of those tasks, re-implemented so that they give the official
-scripts' figures to the last digit (figures in percent, as those scripts print them):
+The paper fine-tunes on English and evaluates zero-shot on the XTREME tasks (Section 3, Tables 2-7). This file
+holds their official metrics, re-implemented to give the official scripts' figures to the last digit (in percent):
 
   xnli, pawsx          accuracy
   panx                 entity-level precision / recall / F1 of seqeval (XTREME's evaluate.py)
   udpos                the same seqeval F1 over part-of-speech tags, as XTREME reports it; token accuracy too
   xquad, tydiqa        exact match / F1 of the SQuAD v1.1 script (evaluate-v1.1.py)
-  mlqa                 exact match / F1 of the MLQA script (mlqa_evaluation_v1.py): per-language answer
-                       normalization
+  mlqa                 exact match / F1 of the MLQA script (mlqa_evaluation_v1.py): per-language normalization
 
 `python finetune.py predict` writes the prediction files that `score` reads:
   python evaluate.py score --task xquad --gold data/xquad/xquad.de.json --predictions pred.json
@@ -18,6 +16,7 @@ scripts' figures to the last digit (figures in percent, as those scripts print t
   python evaluate.py translation-probe --checkpoint out/pretrain/ckpt-00000800  # XQuAD en -> de
 """
 
+import contextlib
 import itertools
 import json
 import re
@@ -34,7 +33,7 @@ import torch
 import data
 from configs import (DEVICE, GIVEN, POSITIVE, SEED, XQUAD, at_least, check_flags, flag, one_of, parse_command_line,
                      resolve_device, run_script)
-from model import DataError, MaskedLM
+from checkpoints import DataError, from_checkpoint, from_hf
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
 # The label sets, in the order of the task heads' outputs (finetune.py).
@@ -59,48 +58,34 @@ def squad_normalize(text):
     return " ".join(text.split())
 
 
-MLQA_LANGUAGES = ("en", "es", "hi", "vi", "de", "ar", "zh")
 # TyDiQA-GoldP's own dev file holds 11 languages; its question ids begin with the language's name.
 TYDI_LANGUAGES = {"arabic": "ar", "bengali": "bn", "english": "en", "finnish": "fi", "indonesian": "id",
                   "japanese": "ja", "korean": "ko", "russian": "ru", "swahili": "sw", "telugu": "te", "thai": "th"}
 MLQA_ARTICLES = {
     "en": r"\b(a|an|the)\b",
     "es": r"\b(un|una|unos|unas|el|la|los|las)\b",
+    "hi": None,  # no articles
     "vi": r"\b(của|là|cái|chiếc|những)\b",
     "de": r"\b(ein|eine|einen|einem|eines|einer|der|die|das|den|dem|des)\b",
     # Verbatim from the official script. "^" after text can never match, so in effect every "ال"
     # (the article, but also the same two letters anywhere inside a word) becomes a space.
     "ar": "\\sال^|ال",
-    "hi": None,  # no articles
     "zh": None,
 }
-
-
-def _is_mlqa_punctuation(ch):
-    # The official script builds the set {every char of a Unicode "P*" category} | string.punctuation.
-    return unicodedata.category(ch).startswith("P") or ch in string.punctuation
+MLQA_LANGUAGES = tuple(MLQA_ARTICLES)
 
 
 def mlqa_normalize(text, lang):
     """MLQA v1: lower case, drop Unicode punctuation, drop the language's articles, re-tokenize (Chinese:
-    character-level for ideographs) and join the tokens with single spaces."""
-    if lang not in MLQA_LANGUAGES:
-        raise ValueError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
-    text = "".join(ch for ch in text.lower() if not _is_mlqa_punctuation(ch))
+    character-level for ideographs) and join the tokens with single spaces. qa_scores checks `lang`."""
+    # The official script's punctuation: {every char of a Unicode "P*" category} | string.punctuation.
+    text = "".join(ch for ch in text.lower() if not unicodedata.category(ch).startswith("P")
+                   and ch not in string.punctuation)
     if MLQA_ARTICLES[lang]:
         text = re.sub(MLQA_ARTICLES[lang], " ", text)
-    if lang != "zh":
-        return " ".join(text.split())
-    tokens, run = [], ""  # Chinese (the script's mixed_segmentation): each ideograph and punctuation mark a token
-    for ch in text:
-        if "\u4e00" <= ch <= "\u9fa5" or _is_mlqa_punctuation(ch):
-            tokens.extend(run.split())
-            tokens.append(ch)
-            run = ""
-        else:
-            run += ch
-    tokens.extend(run.split())
-    return " ".join(tokens)
+    if lang == "zh":  # the script's mixed_segmentation: each ideograph a token (its punctuation is gone by now)
+        return " ".join(re.findall(r"[\u4e00-\u9fa5]|[^\s\u4e00-\u9fa5]+", text))
+    return " ".join(text.split())
 
 
 def _token_f1(prediction_tokens, gold_tokens):
@@ -207,8 +192,7 @@ def print_table(title, table, log):
 def read_json(path):
     """A JSON file; duplicate keys are an error rather than silently keeping the last one."""
     def no_duplicates(pairs):
-        duplicated = [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]
-        if duplicated:
+        if duplicated := [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]:
             raise DataError(f"{path}: duplicate key {duplicated[0]!r}")
         return dict(pairs)
     try:
@@ -255,9 +239,9 @@ def score_files(task, gold_path, predictions_path, lang=None):
             raise DataError(f"{gold_path} has {len(gold)} examples but {predictions_path} has {len(predicted)} labels")
         result = task_scores(task, gold, predicted)
         if gold[0].language:
-            pairs = sorted(zip(gold, predicted), key=lambda pair: pair[0].language)
-            result["languages"] = {lang: accuracy(*zip(*[(e.label, p) for e, p in group]))["accuracy"]
-                                   for lang, group in itertools.groupby(pairs, key=lambda pair: pair[0].language)}
+            result["languages"] = {lang: accuracy(*zip(*[(e.label, p) for e, p in zip(gold, predicted)
+                                                         if e.language == lang]))["accuracy"]
+                                   for lang in sorted({e.language for e in gold})}
         return result
     if task in TAGGING_LABELS:
         gold, predicted = (data.read_tagging(path, TAGGING_LABELS[task], labelled=True, spaces=task != "panx")
@@ -318,16 +302,13 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
             chunk = sentences[start:start + batch_size]
             real = len(chunk)
             chunk += [chunk[0]] * (batch_size - real)  # a full batch: one shape for every step
-            input_ids = torch.full((batch_size, max_len), pad_id)
-            attention_mask = torch.zeros(batch_size, max_len, dtype=torch.long)
-            tokens = torch.zeros(batch_size, max_len, 1)  # the sentence's own tokens: 1
-            for b, ids in enumerate(chunk):
-                input_ids[b, :len(ids) + 2] = torch.tensor([cls_id, *ids, sep_id])
-                attention_mask[b, :len(ids) + 2] = 1
-                tokens[b, 1:len(ids) + 1] = 1
+            rows = [[cls_id, *ids, sep_id] for ids in chunk]
+            input_ids = torch.tensor([row + [pad_id] * (max_len - len(row)) for row in rows])
+            attention_mask = torch.tensor([[1] * len(row) + [0] * (max_len - len(row)) for row in rows])
+            tokens = torch.tensor([[0] + [1] * len(ids) + [0] * (max_len - len(ids) - 1) for ids in chunk])
             _, states = encoder(input_ids.to(device), attention_mask=attention_mask.to(device),
                                 output_hidden_states=True)
-            tokens = tokens.to(device)
+            tokens = tokens.to(device).unsqueeze(-1).float()  # the sentence's own tokens: 1, (B, T, 1)
             per_batch.append([((h.float() * tokens).sum(1) / tokens.sum(1))[:real].cpu() for h in states])
     return [torch.cat(layer) for layer in zip(*per_batch)]
 
@@ -349,8 +330,6 @@ def translation_probe(encoder, source, target, cls_id, sep_id, pad_id, max_len=1
     """Per-layer translation accuracy (percent, a list of num_layers + 1) between parallel token-id lists.
     The pairs are split at random (seeded) into two halves: the translation vector is fitted on one and the
     accuracy measured on the other, so the vector never saw the pairs it retrieves."""
-    if len(source) != len(target):
-        raise DataError(f"{len(source)} source sentences but {len(target)} target sentences")
     if len(source) < 4:
         raise DataError(f"the probe needs at least 4 sentence pairs, got {len(source)}")
     order = torch.randperm(len(source), generator=torch.Generator().manual_seed(seed))
@@ -374,12 +353,9 @@ def read_parallel(source_path, target_path, unit="questions"):
     for path in (source_path, target_path):
         if Path(source_path).suffix != ".json":
             text = data.read_text(path)
-            try:
-                json_value = json.loads(text)
-            except (json.JSONDecodeError, RecursionError):
-                json_value = None  # text, as it should be
-            if isinstance(json_value, (dict, list)):
-                raise DataError(f"{path}: a JSON file; SQuAD-format files are read as such when named *.json")
+            with contextlib.suppress(json.JSONDecodeError, RecursionError):  # not JSON: text, as it should be
+                if isinstance(json.loads(text), (dict, list)):
+                    raise DataError(f"{path}: a JSON file; SQuAD-format files are read as such when named *.json")
             lines = text.removesuffix("\n").split("\n")
             bad = next((i for i, line in enumerate(lines, 1) if not line.strip() or "\t" in line), 0)
             if bad:
@@ -396,8 +372,6 @@ def read_parallel(source_path, target_path, unit="questions"):
                         f"sentences, or other question ids")
     return list(sides[0].values()), [sides[1][key] for key in sides[0]]
 
-
-# ---------------------------------------------------------------------------------------------------
 
 @dataclass
 class ScoreConfig:
@@ -464,8 +438,7 @@ def main(argv=None):
     with warnings.catch_warnings():  # a directory without a masked-LM head: the probe needs none, Table 8 a trained one
         warnings.filterwarnings("error" if command == "mlm-accuracy" else "ignore", ".*no masked-LM head")
         try:
-            hf = (Path(cfg.checkpoint) / "config.json").is_file()
-            model = (MaskedLM.from_hf if hf else MaskedLM.from_checkpoint)(cfg.checkpoint)
+            model = (from_hf if (Path(cfg.checkpoint) / "config.json").is_file() else from_checkpoint)(cfg.checkpoint)
         except UserWarning as e:
             raise DataError(f"{e}; there is no masked-LM accuracy to measure") from None
     tokenizer = data.tokenizer_for(cfg.checkpoint, cfg.tokenizer)

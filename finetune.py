@@ -24,6 +24,7 @@ over --seeds of the rate with the best average of the task's first metric, as th
 import copy
 import glob
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -40,9 +41,11 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from model import (CHECKPOINT_INFO, DataError, Encoder, MaskedLM, SequenceClassifier, SpanExtractor, TokenClassifier,
-                   load_checkpoint, save_hf, sha256)
-from pretrain import build_optimizer, claim, launch, lr_at, remove_partial_saves, setup_runtime, weights_are_sound
+from checkpoints import (CHECKPOINT_INFO, DataError, claim, encoder_from_hf, from_checkpoint, load_checkpoint,
+                         remove_partial_saves, save_hf, sha256, write_json)
+from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier
+from pretrain import build_optimizer, lr_at, weights_are_sound
+from runtime import launch, setup_runtime
 
 
 @dataclass(frozen=True)
@@ -152,10 +155,8 @@ def to_tensors(features, seq_len, pad_id):
     "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
     features = [{**f, "attention_mask": [1] * len(f["input_ids"])} for f in features]
     pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
-
-    def padded(key, value):
-        return value + [pads.get(key, -100)] * (seq_len - len(value)) if isinstance(value, list) else value
-    return {key: torch.tensor([padded(key, f[key]) for f in features]) for key in features[0]}
+    return {key: torch.tensor([f[key] + [pads.get(key, -100)] * (seq_len - len(f[key])) if isinstance(f[key], list)
+                               else f[key] for f in features]) for key in features[0]}
 
 
 def pair_features(tokenizer, examples, labels, seq_len):
@@ -200,11 +201,10 @@ def tagging_predictions(examples, tensors, predictions, labels):
 
 
 def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, training=False):
-    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP], the question cut
-    to max_query_length pieces, windows starting every doc_stride pieces. training=True adds start_positions /
-    end_positions (the first answer's pieces; 0, the [CLS], when the window does not hold it).
-    Returns (tensors, meta); meta[i] = {"example": index into examples, "offsets": (start, end) characters of
-    the context for each context position (None elsewhere), "max_context": [bool]} for decode_spans."""
+    """run_squad.py's convert_examples_to_features: [CLS] question [SEP] context window [SEP], the question cut to
+    max_query_length pieces. training=True adds start_positions / end_positions (the first answer's pieces; 0, the
+    [CLS], when the window does not hold it). Returns (tensors, meta); meta[i] = {"example": index into examples,
+    "offsets": the context's (start, end) characters at each position (None elsewhere), "max_context": [bool]}."""
     features, meta = [], []
     for index, e in enumerate(examples):
         question = tokenizer.encode(e.question)[:max_query_length]
@@ -222,12 +222,10 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
             last = max((k for k in shown if offsets[k][0] < end_char), default=-1)
             if first > last:  # an answer of blanks alone (" ", U+200B) shows in no piece: nothing to point at
                 raise DataError(f"{e.source}: the answer {e.answers[0]['text']!r} covers no piece of the context")
-        windows, start = [], 0
-        while True:
-            windows.append((start, min(room, len(context_ids) - start)))
-            if start + room >= len(context_ids):
-                break
-            start += min(room, doc_stride)
+        # run_squad.py's doc spans: a window every doc_stride pieces, until one reaches the context's end.
+        step = min(room, doc_stride)
+        windows = [(start, min(room, len(context_ids) - start))
+                   for start in range(0, max(len(context_ids) - room + step, 1), step)]
         for w_start, w_len in windows:
             window = context_ids[w_start:w_start + w_len]
             ids = [tokenizer.cls_id, *question, tokenizer.sep_id, *window, tokenizer.sep_id]
@@ -238,49 +236,38 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
                 feature["start_positions"] = first - w_start + shift if inside else 0
                 feature["end_positions"] = last - w_start + shift if inside else 0
             features.append(feature)
-            position_offsets = [None] * len(ids)
-            position_offsets[shift:shift + w_len] = offsets[w_start:w_start + w_len]
-            max_context = [False] * len(ids)
-            for k in range(w_len):
-                max_context[shift + k] = _is_max_context(windows, (w_start, w_len), w_start + k)
-            meta.append({"example": index, "offsets": position_offsets, "max_context": max_context})
+            max_context = [shift <= k < shift + w_len
+                           and _is_max_context(windows, (w_start, w_len), w_start + k - shift) for k in range(len(ids))]
+            meta.append({"example": index, "offsets": [None] * shift + offsets[w_start:w_start + w_len] + [None],
+                         "max_context": max_context})
     return to_tensors(features, seq_len, tokenizer.pad_id), meta
 
 
 def _is_max_context(windows, window, position):
     """run_squad.py's _check_is_max_context: a piece in several windows counts in the one where it has the most
     context, min(left, right) + 0.01 * window length."""
-    best, best_score = None, None
-    for w in windows:
-        if w[0] <= position < w[0] + w[1]:
-            score = min(position - w[0], w[0] + w[1] - 1 - position) + 0.01 * w[1]
-            if best_score is None or score > best_score:
-                best, best_score = w, score
-    return best == window
+    scores = {(start, length): min(position - start, start + length - 1 - position) + 0.01 * length
+              for start, length in windows if start <= position < start + length}
+    return max(scores, key=scores.get) == window  # (the first of equals, as there)
 
 
 def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer_length=30):
-    """run_squad.py's n-best decoding: for each example, over its windows, the n_best highest start and end
-    logits; pairs inside the context, end >= start, at most max_answer_length pieces, the start at its max
-    context, both showing a character; the best start + end logit wins. The answer is cut from the ORIGINAL
+    """run_squad.py's n-best decoding of predict's (float, CPU) logits: over an example's windows, the n_best highest
+    start and end logits; of the pairs that qualify (below), the best start + end logit wins, cut from the ORIGINAL
     context by character offsets (no detokenization). Returns {question id: answer text} ("" when none qualifies)."""
-    start_logits, end_logits = start_logits.float().cpu(), end_logits.float().cpu()
     best = {}  # example index -> (score, text)
     for i, m in enumerate(meta):
-        e = examples[m["example"]]
-        offsets = m["offsets"]
-        shows = [o is not None and o[0] < o[1] for o in offsets]  # a context piece with a character of its own
+        offsets, example = m["offsets"], m["example"]
+        # The positions that may bound an answer: context pieces with a character of their own.
+        shows = [k < len(offsets) and offsets[k] is not None and offsets[k][0] < offsets[k][1]
+                 for k in range(start_logits.shape[1])]
         starts = torch.topk(start_logits[i], min(n_best, start_logits.shape[1])).indices.tolist()
         ends = torch.topk(end_logits[i], min(n_best, end_logits.shape[1])).indices.tolist()
-        for s in starts:
-            if s >= len(offsets) or not shows[s] or not m["max_context"][s]:
-                continue
-            for t in ends:
-                if t >= len(offsets) or not shows[t] or t < s or t - s + 1 > max_answer_length:
-                    continue
+        for s, t in itertools.product(starts, ends):
+            if shows[s] and m["max_context"][s] and shows[t] and s <= t < s + max_answer_length:
                 score = float(start_logits[i, s] + end_logits[i, t])
-                if m["example"] not in best or score > best[m["example"]][0]:
-                    best[m["example"]] = (score, e.context[offsets[s][0]:offsets[t][1]])
+                if example not in best or score > best[example][0]:
+                    best[example] = (score, examples[example].context[offsets[s][0]:offsets[t][1]])
     return {e.id: best[k][1] if k in best else "" for k, e in enumerate(examples)}
 
 
@@ -300,10 +287,10 @@ def build_encoder(cfg, log):
         encoder = Encoder(CONFIGS[cfg.config])
         log(f"random {cfg.config} encoder")
     elif os.path.isfile(os.path.join(cfg.init, "config.json")):
-        encoder = Encoder.from_hf(cfg.init)
+        encoder = encoder_from_hf(cfg.init)
         log(f"{cfg.init}: Hugging Face RemBERT encoder")
     else:
-        model = MaskedLM.from_checkpoint(cfg.init)
+        model = from_checkpoint(cfg.init)
         encoder = model.encoder
         kept, total = (sum(p.numel() for p in m.parameters()) for m in (encoder, model))
         log(f"{cfg.init}: kept the encoder ({kept:,} parameters); dropped {total - kept:,} "
@@ -335,7 +322,7 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     info["sha256"] = {n: sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model",
                                                                   "config.json")}
     info["sha256"]["finetune.json"] = settings_digest(info)  # its own settings
-    data.write_json(os.path.join(path, "finetune.json"), info)
+    write_json(os.path.join(path, "finetune.json"), info)
 
 
 def settings_digest(info):
@@ -356,7 +343,7 @@ def load_finetuned(path):
         found = settings_digest(info) if name == "finetune.json" else sha256(os.path.join(path, name))
         if found != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged or edited (its SHA-256 is not the one saved with it)")
-    model = build_model(task, Encoder.from_hf(path), dropout=0.0)
+    model = build_model(task, encoder_from_hf(path), dropout=0.0)
     head = "qa_outputs" if task.kind == "qa" else "classifier"
     state = load_file(os.path.join(path, "model.safetensors"))
     try:
@@ -606,9 +593,8 @@ def check_out_dir(cfg, runtime, log):
     ours["sha256"] = runtime.gather_object(digests)[0]  # read once, by rank 0 (an --init may be gigabytes)
     if not any(glob.glob(os.path.join(cfg.out_dir, name))
                for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")):
-        if runtime.is_main:
-            os.makedirs(cfg.out_dir, exist_ok=True)
-            data.write_json(path, ours)
+        if runtime.is_main:  # (into the --out-dir that run() claimed)
+            write_json(path, ours)
         return
     if not cfg.resume:
         raise DataError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
@@ -689,7 +675,7 @@ def run(cfg):
             evaluate.print_table(f"{cfg.task}, lr {lr!r}, seed {seed}", scores, log)
             if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
                 save_finetuned(model.cpu(), cfg, tokenizer.model_file, run_dir)
-                data.write_json(scores_path, scores)
+                write_json(scores_path, scores)
                 os.remove(os.path.join(run_dir, "train-state.pt"))
                 log(f"saved the fine-tuned model to {run_dir}")
 
@@ -704,7 +690,7 @@ def run(cfg):
                          f"mean over {len(cfg.seeds)} seed(s)", tables[best], log)
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")
-        data.write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
+        write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
                                "per_lr": {repr(lr): table for lr, table in tables.items()}})
         log(f"wrote {path}")
     return tables[best]

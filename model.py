@@ -12,29 +12,17 @@ The paper's ideas, each in one named place:
     layers on top of the kept `Encoder`, used for pre-training and dropped for fine-tuning.
 
 The computation and the weight names follow Hugging Face's `modeling_rembert.py`: the released
-RemBERT checkpoint loads with `MaskedLM.from_hf` and matches it numerically. Unlike there, the masked-LM
+RemBERT checkpoint loads with `checkpoints.from_hf` and matches it numerically. Unlike there, the masked-LM
 head gathers the masked positions first (google-research/bert's `gather_indexes`), skipping about 85%
-of the output layer, the largest matrix of the model. This file imports only torch and the standard
-library (`safetensors` inside the two functions that read and write transformers' files): it copies alone.
+of the output layer, the largest matrix of the model. This file is the method alone and imports only torch
+and the standard library: copied alone, it builds, trains and counts every model of the paper.
 """
 
-import hashlib
-import json
-import os
-import pickle
-import re
-import stat
-import warnings
-import zipfile
 from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-
-class DataError(ValueError):
-    """Bad input: a data file, a checkpoint or a Hugging Face directory. The message names it."""
 
 
 @dataclass
@@ -165,14 +153,6 @@ class Encoder(nn.Module):
     def pool(self, hidden):
         return torch.tanh(self.pooler(hidden[:, 0]))  # (B, H), from the [CLS] position
 
-    @classmethod
-    def from_hf(cls, path):
-        """The encoder of a Hugging Face RemBERT directory (see `MaskedLM.from_hf`)."""
-        config, state = _read_hf(path)
-        encoder = cls(config)
-        if not _load_hf_encoder(encoder, state, path):
-            warnings.warn(f"{path} has no pooler: it keeps its fresh initialisation")
-        return encoder
 
 
 # ----------------------------------------------------------------------------------------------
@@ -227,40 +207,7 @@ class MaskedLM(nn.Module):
         weights = (masked_ids != -100 if masked_weights is None else masked_weights).flatten().float()
         return logits, (loss * weights).sum() / weights.sum().clamp(min=1.0)
 
-    @classmethod
-    def from_checkpoint(cls, path):
-        """The model of a pretrain.py checkpoint directory (torch.distributed.checkpoint's shards, read by one process
-        however many wrote them), every file checked first."""
-        import torch.distributed.checkpoint as dcp
-        info = read_checkpoint_info(path)
-        try:
-            model = cls(ModelConfig(**info["config"]))
-            with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
-                warnings.filterwarnings("ignore", "torch.distributed is disabled")
-                dcp.load({"model": model.state_dict()}, storage_reader=checkpoint_reader(path), no_dist=True)
-        except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
-            raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
-        return model
 
-    @classmethod
-    def from_hf(cls, path):
-        """A RemBERT directory in the Hugging Face layout, as `save_pretrained` writes it (e.g. google/rembert; its
-        weights in one file). The released checkpoint has no MLM head: the head keeps its initialisation."""
-        config, state = _read_hf(path)
-        model = cls(config)
-        _load_hf_encoder(model.encoder, state, path)
-        head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
-        if config.tie_embeddings and head["decoder.weight"] not in state:  # transformers 4 saves a tied matrix once
-            del head["decoder.weight"]
-        if any(hf in state for hf in head.values()):  # a head, then all of it: _copy_tensors names what is missing
-            _copy_tensors(model.head, state, head, path)  # (tied: into the input embedding too, checked next)
-            if config.tie_embeddings and not torch.equal(model.head.decoder.weight,
-                                                         state["embeddings.word_embeddings.weight"]):
-                raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
-                                f"differs from its input embedding")
-        else:
-            warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
-        return model
 
 
 # ----------------------------------------------------------------------------------------------
@@ -318,7 +265,7 @@ class SpanExtractor(nn.Module):
 
 
 # ----------------------------------------------------------------------------------------------
-# Initialisation, the paper's parameter accounting, checkpoints
+# Initialisation, the paper's parameter accounting
 
 def init_weights(module):
     """BERT's initialisation: N(0, 0.02) weights, zero biases (LayerNorm starts as torch makes it: gain 1, bias 0)."""
@@ -337,294 +284,3 @@ def count_parameters(model):
         raise TypeError(f"count_parameters takes a MaskedLM or an Encoder, got {type(model).__name__}")
     return {"pretraining": sum(p.numel() for p in model.parameters()),  # (a tied matrix is one parameter)
             "finetuning": sum(p.numel() for p in encoder.parameters())}
-
-
-def load_checkpoint(path):
-    """torch.load, after checking the CRC-32 of every record (torch.load does not: a damaged file would give wrong
-    weights): a pytorch_model.bin, or finetune.py's training state."""
-    try:
-        with zipfile.ZipFile(path) as archive:
-            damaged = archive.testzip()
-        if damaged:
-            raise DataError(f"{path}: damaged: its record {damaged} fails its CRC check")
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except (FileNotFoundError, DataError):
-        raise
-    except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, UnpicklingError...)
-        raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({type(e).__name__}: {e})") from None
-
-
-CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
-CHECKPOINT_NAME = re.compile(r"ckpt-(\d{8})")  # a pre-training run's own folders: ckpt-STEP, 8 digits
-_INFO_TYPES = {"step": int, "config": dict, "train_config": dict, "processes": int, "tokenizer": dict, "sha256": dict}
-
-
-def read_checkpoint_info(path, verify=True):
-    """checkpoint.json of a pretrain.py checkpoint directory, checked, not trusted: each field of the type written,
-    the step the folder's number, the digest list naming exactly the folder's regular files (no link, nothing missing
-    or extra) and (verify) each file with its SHA-256, the metadata of torch.distributed.checkpoint free of code."""
-    info_path = os.path.join(path, CHECKPOINT_INFO)
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such checkpoint")
-    try:
-        if not stat.S_ISREG(os.lstat(info_path).st_mode):  # (a FIFO or a device would hang the reader)
-            raise DataError(f"{info_path}: damaged (not a regular file)")
-        with open(info_path) as f:
-            info = json.load(f)
-    except (FileNotFoundError, NotADirectoryError):
-        raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint "
-                        f"directory") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise DataError(f"{info_path}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
-    if problem := _info_problem(path, info):
-        raise DataError(f"{info_path}: damaged or not pretrain.py's ({problem})")
-    for name, digest in sorted(info["sha256"].items()):
-        if not os.path.lexists(os.path.join(path, name)):
-            raise DataError(f"{os.path.join(path, name)}: missing or unreadable (listed in {CHECKPOINT_INFO})")
-        if not stat.S_ISREG(os.lstat(os.path.join(path, name)).st_mode):  # (a link, a FIFO: never opened)
-            raise DataError(f"{os.path.join(path, name)}: damaged (not a regular file)")
-    for name, digest in sorted(info["sha256"].items()) if verify else []:
-        try:
-            found = sha256(os.path.join(path, name))
-        except OSError as e:
-            raise DataError(f"{os.path.join(path, name)}: missing or unreadable ({e.strerror})") from None
-        if found != digest:
-            raise DataError(f"{os.path.join(path, name)}: damaged (its SHA-256 is not the one saved with it)")
-    if verify:
-        read_metadata(path)
-    return info
-
-
-def _info_problem(path, info):
-    """What is wrong with checkpoint.json's `info` for the directory `path`, or None."""
-    if not isinstance(info, dict):
-        return "not a JSON object"
-    if wrong := [k for k, kind in _INFO_TYPES.items() if type(info.get(k)) is not kind]:  # (True is no step)
-        return f"{wrong[0]}: {info.get(wrong[0])!r} is not a {_INFO_TYPES[wrong[0]].__name__}"
-    number = CHECKPOINT_NAME.fullmatch(os.path.basename(os.path.normpath(path)))
-    if number and info["step"] != int(number[1]):
-        return f"step {info['step']} in the folder of step {int(number[1])}"
-    if problem := typed_fields(ModelConfig, info["config"]):
-        return f"config: {problem}"
-    if not all(type(info["tokenizer"].get(k)) is str for k in ("path", "sha256")):
-        return "tokenizer: no path and sha256 strings"
-    if not all(type(v) is str for v in info["sha256"].values()) or ".metadata" not in info["sha256"]:
-        return "its digest list: no .metadata, or a digest that is no string"
-    if extra := sorted({n for n in os.listdir(path) if n != CHECKPOINT_INFO} - info["sha256"].keys()):
-        return f"{extra[0]} is in the folder but not in its digest list"
-    if odd := [n for n in info["sha256"] if n in ("", ".", "..", CHECKPOINT_INFO) or os.path.basename(n) != n]:
-        return f"its digest list names {odd[0]!r}, not a file of the folder"  # ('../x', '/dev/zero')
-    return None
-
-
-def typed_fields(cls, values):
-    """What keeps the dict `values` from being exactly the fields of the dataclass `cls`, each of its type (JSON's
-    integer is a float too), or None."""
-    names = [f.name for f in fields(cls)]
-    if not isinstance(values, dict) or sorted(values) != sorted(names):
-        return f"not the fields of {cls.__name__}"
-    for f in fields(cls):
-        value = values[f.name]
-        if not (type(value) is f.type or f.type is float and type(value) is int):
-            return f"{f.name}: {value!r} is not a {f.type.__name__}"
-    return None
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """torch.distributed.checkpoint keeps its metadata as a pickle, which pickle.load would let name any function to
-    call: this admits the checkpoint library's metadata classes and what they hold, and nothing else."""
-    ALLOWED = {"torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "TensorProperties",
-                                                         "ChunkStorageMetadata", "BytesStorageMetadata",
-                                                         "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
-               "torch.distributed.checkpoint.filesystem": {"_StorageInfo"}, "torch.serialization": {"_get_layout"},
-               "torch": {"Size"}, "pathlib": {"PosixPath", "PurePosixPath"}, "collections": {"OrderedDict"}}
-
-    def find_class(self, module, name):
-        if name in self.ALLOWED.get(module, ()) or module == "torch" and isinstance(getattr(torch, name, 0),
-                                                                                  torch.dtype):
-            return super().find_class(module, name)
-        raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint's metadata never holds")
-
-
-def read_metadata(path):
-    """The checkpoint's torch.distributed.checkpoint Metadata, read without running anything, its items tensors
-    in the folder's own files (the checkpoint library reads any other item with torch.load(weights_only=False))."""
-    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
-    where = os.path.join(path, ".metadata")
-    try:
-        with open(where, "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
-    except Exception as e:  # (whatever a damaged or crafted pickle raises)
-        raise DataError(f"{where}: refused, not a checkpoint's metadata ({type(e).__name__}: {e})") from None
-    items = getattr(metadata, "state_dict_metadata", None)
-    if not (isinstance(metadata, Metadata) and isinstance(items, dict) and isinstance(metadata.storage_data, dict)):
-        raise DataError(f"{where}: refused, not a checkpoint's metadata")
-    # The checkpoint library reads any item that is no tensor with torch.load(weights_only=False): none is read.
-    metadata.state_dict_metadata = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
-    files = set(os.listdir(path))
-    if any(getattr(s, "relative_path", None) not in files for s in metadata.storage_data.values()):
-        raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
-    return metadata
-
-
-def checkpoint_reader(path):
-    """torch.distributed.checkpoint's reader of the folder, its metadata read by `read_metadata`."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
-    class Reader(FileSystemReader):
-        def read_metadata(self, *args, **kwargs):
-            metadata = read_metadata(path)
-            metadata.storage_meta = metadata.storage_meta or StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-    return Reader(path)
-
-
-def one_line(error):
-    """What failed, in one line: the checkpoint library wraps each process's error, traceback included, in its own."""
-    import torch.distributed.checkpoint as dcp
-    while isinstance(error, dcp.CheckpointException) and error.failures:
-        error = next(iter(error.failures.values()))[0]  # (its failures: rank -> (exception, traceback))
-    if getattr(error, "errno", None) == 28:  # ENOSPC
-        return f"no space left on device: {error}"
-    if isinstance(error, OSError):
-        return str(error)
-    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
-
-
-def sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-# ----------------------------------------------------------------------------------------------
-# The Hugging Face layout (transformers' RemBERT), both ways. Our names -> theirs, per module:
-
-_HF_ENCODER = {"embeddings.norm": "embeddings.LayerNorm", "embedding_projection": "encoder.embedding_hidden_mapping_in",
-               "pooler": "pooler.dense"}  # the embedding tables have the same names
-_HF_LAYER = {"attention.query": "attention.self.query", "attention.key": "attention.self.key",
-             "attention.value": "attention.self.value", "attention.out": "attention.output.dense",
-             "attention_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
-             "output": "output.dense", "output_norm": "output.LayerNorm"}
-_HF_HEAD = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
-_HF_CONFIG = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
-              "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
-              "input_embedding_size": "input_embedding_size", "output_embedding_size": "output_embedding_size",
-              "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
-              "layer_norm_eps": "layer_norm_eps", "dropout": "hidden_dropout_prob"}
-# Where a directory keeps its weights, in the order from_pretrained looks (an index names the shards of one).
-_HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-def hf_name(name, table=_HF_ENCODER):
-    """transformers' name of one of our parameters ("layers.3.attention.query.weight" ->
-    "encoder.layer.3.attention.self.query.weight"), without the "rembert." of the task models."""
-    module, parameter = name.rsplit(".", 1)
-    if module.startswith("layers."):
-        _, i, rest = module.split(".", 2)
-        return f"encoder.layer.{i}.{_HF_LAYER[rest]}.{parameter}"
-    return f"{table.get(module, module)}.{parameter}"
-
-
-def _read_hf(path):
-    """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names."""
-    import safetensors.torch
-    try:
-        with open(os.path.join(path, "config.json")) as f:
-            hf = {"hidden_dropout_prob": 0.0, **json.load(f)}  # a missing key: transformers' default
-        config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items() if theirs in hf},
-                             tie_embeddings=hf.get("tie_word_embeddings", False))
-    except (KeyError, TypeError, ValueError, RecursionError) as e:  # (json.JSONDecodeError is a ValueError)
-        raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
-    if (hf.get("model_type", "rembert") != "rembert" or hf.get("hidden_act", "gelu") not in ("gelu", "gelu_python")
-            or hf.get("is_decoder")):  # another architecture, another non-linearity, causal attention
-        raise DataError(f"{path}/config.json: supported are RemBERT encoders (model_type rembert, is_decoder false) "
-                        f"with hidden_act 'gelu'")
-    if hf.get("attention_probs_dropout_prob", 0.0) != config.dropout:
-        warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
-    found = next((os.path.join(path, name) for name in _HF_WEIGHTS if os.path.exists(os.path.join(path, name))), None)
-    if found is None:
-        raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
-    if found.endswith(".index.json"):  # (what lies beside it may be an earlier save's: not read instead)
-        raise DataError(f"{found}: a checkpoint in shards, not read here; save it as one file (max_shard_size)")
-    try:
-        state = safetensors.torch.load_file(found) if found.endswith(".safetensors") else load_checkpoint(found)
-    except safetensors.SafetensorError as e:
-        raise DataError(f"{found}: not a readable safetensors file ({e})") from None
-    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
-        raise DataError(f"{found}: its weights are not a dict of named tensors")
-    return config, {k.removeprefix("rembert."): v for k, v in state.items()}
-
-
-def _copy_tensors(module, state, names, path):
-    """Copy state[names[ours]] into each of `module`'s tensors, checking every name, shape and value."""
-    own = module.state_dict()
-    with torch.no_grad():
-        for ours, theirs in names.items():
-            if theirs not in state:
-                raise DataError(f"{path}: the checkpoint has no {theirs}")
-            if state[theirs].shape != own[ours].shape:
-                raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
-                                f"{ours} needs {tuple(own[ours].shape)}")
-            if not state[theirs].isfinite().all():  # a damaged or diverged model: no use to train or measure
-                raise DataError(f"{path}: {theirs} holds NaN or infinite values")
-            own[ours].copy_(state[theirs])
-
-
-def _load_hf_encoder(encoder, state, path):
-    """Copy the encoder's tensors; the pooler (RemBertForMaskedLM saves none) may be absent: returns whether."""
-    names = {name: hf_name(name) for name in encoder.state_dict()}
-    if unused := sorted(k for k in state if k.startswith("encoder.layer.") and k not in names.values()):
-        raise DataError(f"{path}: config.json says {encoder.config.num_layers} layers, but it also holds {unused[0]}")
-    pooler = "pooler.dense.weight" in state
-    if not pooler:  # as transformers does: the pooler keeps its initialisation
-        names = {ours: theirs for ours, theirs in names.items() if not ours.startswith("pooler.")}
-    if encoder.config.input_embedding_size == encoder.config.hidden_size:
-        # transformers always projects E_in to H, this model not when E_in == H: the same only for the identity.
-        H = encoder.config.hidden_size
-        weight, bias = (state.get(hf_name(f"embedding_projection.{p}"), torch.empty(0)) for p in ("weight", "bias"))
-        if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
-            raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
-                            f"the identity; this implementation has no projection when E_in == H")
-    _copy_tensors(encoder, state, names, path)
-    return pooler
-
-
-def save_hf(model, path):
-    """Write `model` as transformers' RemBERT (config.json, model.safetensors): a MaskedLM as RemBertForMaskedLM (its
-    pre-training-only layers have no place there: refused), an Encoder as RemBertModel, a task model as RemBertFor..."""
-    from safetensors.torch import save_file
-    if isinstance(model, MaskedLM):
-        if model.config.pretraining_only_layers:
-            raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; export model.encoder")
-        architecture, encoder, prefix = "RemBertForMaskedLM", model.encoder, "rembert."
-        extra = {"cls.predictions." + hf_name(name, _HF_HEAD): t for name, t in model.head.state_dict().items()}
-    elif isinstance(model, Encoder):
-        architecture, encoder, prefix, extra = "RemBertModel", model, "", {}
-    elif isinstance(model, (SequenceClassifier, TokenClassifier, SpanExtractor)):
-        task = {SequenceClassifier: "SequenceClassification", TokenClassifier: "TokenClassification",
-                SpanExtractor: "QuestionAnswering"}[type(model)]
-        architecture, encoder, prefix = f"RemBertFor{task}", model.encoder, "rembert."
-        extra = {name: t for name, t in model.state_dict().items() if not name.startswith("encoder.")}  # the head
-    else:
-        raise TypeError(f"save_hf cannot export a {type(model).__name__}")
-    config = encoder.config
-    state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()} | extra
-    if config.input_embedding_size == config.hidden_size:  # transformers always projects: the identity
-        state[prefix + hf_name("embedding_projection.weight")] = torch.eye(config.hidden_size)
-        state[prefix + hf_name("embedding_projection.bias")] = torch.zeros(config.hidden_size)
-    hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
-    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu", pad_token_id=0,
-                     tie_word_embeddings=config.tie_embeddings, attention_probs_dropout_prob=config.dropout)
-    if isinstance(model, (SequenceClassifier, TokenClassifier)):
-        hf_config["num_labels"] = model.classifier.out_features
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
-    # Clones: a tied output embedding is its own tensor in the file (safetensors refuses shared memory).
-    try:
-        save_file({name: t.detach().cpu().clone() for name, t in state.items()},
-                  os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    except Exception as e:  # a full disk: safetensors raises its own error, which names no file
-        raise OSError(f"{path}/model.safetensors: saving failed ({e})") from e

@@ -57,7 +57,8 @@ import evaluate
 import finetune
 import pretrain
 from configs import GIVEN, MBERT, at_least, check_flags, flag, parse_command_line, resolve_device, run_script
-from model import DataError, Encoder, MaskedLM, count_parameters, save_hf
+from checkpoints import DataError, checkpoint_paths, from_checkpoint, save_hf, write_json
+from model import Encoder, count_parameters
 
 REPO = Path(__file__).resolve().parent
 PANX_LANGS = ("de", "en", "es", "nl", "pl", "ru")
@@ -221,11 +222,11 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
                 keep=p.steps // p.eval_every + 1, num_workers=p.loader_workers, seed=seed, resume=True)
             model = pretrain.train(models(p)[name], train_config)
             result["parameters"] = count_parameters(model)
-            checkpoints, curve = pretrain.checkpoint_paths(train_config.out_dir), os.path.join(run_dir, "curve.json")
+            checkpoints, curve = checkpoint_paths(train_config.out_dir), os.path.join(run_dir, "curve.json")
             if not os.path.exists(curve):  # [tokens seen, held-out loss, held-out accuracy] at every checkpoint
-                scores = [evaluate.mlm_accuracy(MaskedLM.from_checkpoint(path).to(cfg.device), heldout, cfg.device)
+                scores = [evaluate.mlm_accuracy(from_checkpoint(path).to(cfg.device), heldout, cfg.device)
                           for path in checkpoints]
-                data.write_json(curve, [[int(os.path.basename(path)[5:]) * p.batch_size * p.seq_len, s["loss"],
+                write_json(curve, [[int(os.path.basename(path)[5:]) * p.batch_size * p.seq_len, s["loss"],
                                          s["accuracy"]] for path, s in zip(checkpoints, scores)])
             result["curve"] = evaluate.read_json(curve)
             for path in checkpoints[:-1]:  # (scored: only the last is fine-tuned)
@@ -428,7 +429,7 @@ def main(argv=None):
                 run["collapsed"] = collapsed(run, baselines["unigram"])
             results.setdefault(name, {})[str(seed)] = run
             elapsed = time.time() - started
-            data.write_json(results_path, {"setup": setup, "baselines": baselines, "results": results,
+            write_json(results_path, {"setup": setup, "baselines": baselines, "results": results,
                                            "seconds": elapsed})
             print(f"[{done}/{len(jobs)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
                   f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min",

@@ -16,7 +16,7 @@ import pytest
 
 import evaluate
 from evaluate import entities, mlqa_normalize, ner_scores, pos_scores, qa_scores, squad_normalize
-from model import DataError
+from checkpoints import DataError, from_checkpoint
 
 REPO = Path(__file__).parent
 DATA = REPO.parent / "shared" / "data"
@@ -660,14 +660,14 @@ def test_load_masked_lm_checkpoint(tmp_path):
     import torch
     from model import MaskedLM
     model = MaskedLM(tiny_config())
-    loaded = MaskedLM.from_checkpoint(write_checkpoint(tmp_path / "ckpt", model))
+    loaded = from_checkpoint(write_checkpoint(tmp_path / "ckpt", model))
     for name, tensor in model.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], tensor)
     with pytest.raises(ValueError, match="bad: the weights do not fit"):
-        MaskedLM.from_checkpoint(write_checkpoint(tmp_path / "bad", model, config=tiny_config(hidden_size=16)))
+        from_checkpoint(write_checkpoint(tmp_path / "bad", model, config=tiny_config(hidden_size=16)))
     torch.save({"model": model.state_dict()}, tmp_path / "ckpt.pt")  # an earlier version's file, or another's
     with pytest.raises(ValueError, match="ckpt.pt: no checkpoint.json: an interrupted save, or not a pretrain.py"):
-        MaskedLM.from_checkpoint(tmp_path / "ckpt.pt")
+        from_checkpoint(tmp_path / "ckpt.pt")
 
 
 def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path):
@@ -695,7 +695,8 @@ def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path)
 def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(tmp_path, capsys):
     import shutil
     import data
-    from model import Encoder, save_hf
+    from checkpoints import save_hf
+    from model import Encoder
     spm = data.train_tokenizer(str(REPO / "sample_data"), 500, str(tmp_path / "spm"))
     save_hf(Encoder(tiny_config(vocab_size=500)), tmp_path / "encoder")  # as a fine-tuned or released model
     shutil.copy(spm, tmp_path / "encoder" / "sentencepiece.model")

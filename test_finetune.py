@@ -22,7 +22,8 @@ import evaluate
 import finetune
 from configs import CONFIGS, parse_command_line
 from evaluate import CLASSIFICATION_LABELS, MLQA_LANGUAGES, TAGGING_LABELS
-from model import DataError, MaskedLM
+from checkpoints import DataError
+from model import MaskedLM
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"

@@ -3,7 +3,6 @@ model, the NaN guards, crash-safe and verified checkpoints, exact resume after S
 processes and the XLA path."""
 
 import importlib
-import io
 import json
 import os
 import pickle
@@ -20,10 +19,13 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+import checkpoints
 import pretrain
+import runtime as runtimes
 from configs import CONFIGS
 from data import MLMLoader, Tokenizer, train_tokenizer
-from model import DataError, MaskedLM, load_checkpoint, read_metadata, sha256
+from checkpoints import DataError, load_checkpoint, read_metadata, sha256
+from model import MaskedLM
 
 REPO = Path(__file__).parent
 XLA_VENV = Path(os.environ.get("REMBERT_XLA_VENV", Path.home() / ".cache" / "rembert-xla-venv"))
@@ -56,11 +58,11 @@ def run_script(tokenizer, out_dir, *extra, python=sys.executable, env=None):
 def final_state(out_dir):
     """The newest checkpoint whole: checkpoint.json, and what its shards hold as torch's own dcp_to_torch_save reads
     them (the weights, AdamW's state by parameter name), with every process's loader and random states."""
-    path = pretrain.checkpoint_paths(out_dir)[-1]
+    path = checkpoints.checkpoint_paths(out_dir)[-1]
     with tempfile.TemporaryDirectory() as tmp:
         dcp_to_torch_save(path, os.path.join(tmp, "whole.pt"))
         state = torch.load(os.path.join(tmp, "whole.pt"), weights_only=False)
-    extra = pretrain.read_train_state(os.path.join(path, pretrain.TRAIN_STATE))
+    extra = checkpoints.read_train_state(os.path.join(path, checkpoints.TRAIN_STATE))
     return {**json.loads(Path(path, "checkpoint.json").read_text()), **state, **extra}
 
 
@@ -208,7 +210,7 @@ def test_nan_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tokenizer, tm
     with pytest.raises(FloatingPointError, match=r"loss became nan between steps 3 and 4; "
                                                  r"last good checkpoint: .*ckpt-00000002 \(try"):
         run(tokenizer, tmp_path, "--steps", "6", "--log-every", "2", "--checkpoint-every", "2")
-    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
+    assert [Path(p).name for p in checkpoints.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
 
 
 @pytest.mark.parametrize("breakage", ["inf", "huge"])
@@ -216,7 +218,7 @@ def test_an_update_that_breaks_the_weights_is_never_saved(tokenizer, tmp_path, m
     """The loss logged at a step was computed before that step's update: the weights themselves are
     checked before a save. Broken here right after the update of step 4: an inf, or finite weights so
     large that the loss overflows."""
-    step = pretrain.Runtime.optimizer_step
+    step = runtimes.Runtime.optimizer_step
     calls = []
 
     def exploding(self, optimizer, max_grad_norm=None):
@@ -227,15 +229,15 @@ def test_an_update_that_breaks_the_weights_is_never_saved(tokenizer, tmp_path, m
             with torch.no_grad():
                 weight.fill_(float("inf")) if breakage == "inf" else weight.mul_(1e37)
 
-    monkeypatch.setattr(pretrain.Runtime, "optimizer_step", exploding)
+    monkeypatch.setattr(runtimes.Runtime, "optimizer_step", exploding)
     with pytest.raises(FloatingPointError, match=r"the update of step 4 broke the weights .* "
                                                  r"last good checkpoint: .*ckpt-00000002 \(try"):
         run(tokenizer, tmp_path, "--steps", "6", "--checkpoint-every", "2")
-    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
+    assert [Path(p).name for p in checkpoints.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
 
 
 def test_a_failed_save_names_the_file_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    runtime = pretrain.setup_runtime("cpu")
+    runtime = runtimes.setup_runtime("cpu")
     path = str(tmp_path / "ckpt-00000001.pt")
     runtime.save({"step": 1}, path)
 
@@ -243,14 +245,14 @@ def test_a_failed_save_names_the_file_and_leaves_the_previous_checkpoint(tmp_pat
         Path(f).write_bytes(b"half a checkpoint")
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(pretrain.torch, "save", disk_full)
+    monkeypatch.setattr(torch, "save", disk_full)
     with pytest.raises(OSError, match=r"ckpt-00000002.pt: saving failed .*No space left on device"):
         runtime.save({"step": 2}, str(tmp_path / "ckpt-00000002.pt"))
     def interrupted(obj, f):
         Path(f).write_bytes(b"half a checkpoint")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(pretrain.torch, "save", interrupted)
+    monkeypatch.setattr(torch, "save", interrupted)
     with pytest.raises(KeyboardInterrupt):
         runtime.save({"step": 2}, str(tmp_path / "ckpt-00000002.pt"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000001.pt"]  # no partial file left
@@ -259,7 +261,7 @@ def test_a_failed_save_names_the_file_and_leaves_the_previous_checkpoint(tmp_pat
 
 def test_a_failed_save_names_its_directory_and_the_next_run_removes_it(tokenizer, tmp_path, monkeypatch, capsys):
     run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2")
-    newest = pretrain.checkpoint_paths(tmp_path)[-1]
+    newest = checkpoints.checkpoint_paths(tmp_path)[-1]
 
     def disk_full(state, checkpoint_id, **kwargs):  # half the shards written, then the disk is full
         os.makedirs(checkpoint_id)
@@ -269,7 +271,7 @@ def test_a_failed_save_names_its_directory_and_the_next_run_removes_it(tokenizer
     monkeypatch.setattr(torch.distributed.checkpoint, "save", disk_full)
     with pytest.raises(OSError, match=r"ckpt-00000006: saving failed .*No space left on device"):
         run(tokenizer, tmp_path, "--steps", "8", "--checkpoint-every", "2", "--resume")
-    assert pretrain.checkpoint_paths(tmp_path)[-1] == newest  # no checkpoint.json: never read
+    assert checkpoints.checkpoint_paths(tmp_path)[-1] == newest  # no checkpoint.json: never read
     monkeypatch.undo()
     capsys.readouterr()
     run(tokenizer, tmp_path, "--steps", "8", "--checkpoint-every", "2", "--resume")
@@ -284,7 +286,7 @@ def test_a_failed_save_names_its_directory_and_the_next_run_removes_it(tokenizer
 def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_is_used(tokenizer, tmp_path, capsys, damage):
     run(tokenizer, tmp_path / "straight", "--steps", "6", "--checkpoint-every", "2")
     run(tokenizer, tmp_path / "run", "--steps", "4", "--checkpoint-every", "2")
-    newest = Path(pretrain.checkpoint_paths(tmp_path / "run")[-1])
+    newest = Path(checkpoints.checkpoint_paths(tmp_path / "run")[-1])
     shard = newest / "__0_0.distcp"
     raw = bytearray(shard.read_bytes())
     if damage == "truncated":
@@ -297,13 +299,13 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_is_used(tokeniz
         final_state(tmp_path / "run")
     message = "missing or unreadable" if damage == "a shard missing" else "damaged"
     with pytest.raises(DataError, match=f"ckpt-00000004/__0_0.distcp: {message}"):
-        MaskedLM.from_checkpoint(str(newest))
+        checkpoints.from_checkpoint(str(newest))
     run(tokenizer, tmp_path / "run", "--steps", "6", "--checkpoint-every", "2", "--resume")
     out = capsys.readouterr().out
     assert f"warning: {shard}: {message}" in out and "at step 2" in out
     straight, resumed = final_state(tmp_path / "straight"), final_state(tmp_path / "run")
     assert all(torch.equal(straight["model"][k], resumed["model"][k]) for k in straight["model"])
-    for path in pretrain.checkpoint_paths(tmp_path / "run"):
+    for path in checkpoints.checkpoint_paths(tmp_path / "run"):
         Path(path, "checkpoint.json").write_text("not a checkpoint")
     with pytest.raises(DataError, match="no intact checkpoint to resume from"):
         run(tokenizer, tmp_path / "run", "--steps", "8", "--checkpoint-every", "2", "--resume")
@@ -336,14 +338,14 @@ def test_a_terminal_that_cannot_show_a_path_gets_it_escaped(tokenizer, tmp_path)
 
 
 def test_a_run_resumed_on_another_kind_of_device_goes_on_and_says_so():
-    runtime = pretrain.Runtime("cuda", torch.device("cpu"))  # a CPU run's state, resumed on a GPU
+    runtime = runtimes.Runtime("cuda", torch.device("cpu"))  # a CPU run's state, resumed on a GPU
     with pytest.warns(UserWarning, match="the saved state has no cuda random state"):
         runtime.set_rng_state({"torch": torch.get_rng_state()})
 
 
 def hold_out_dir(out_dir):
-    """Another process holding out_dir as a running pretrain.py or finetune.py does (pretrain.claim)."""
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, pretrain\nlock = pretrain.claim(sys.argv[1])\n"
+    """Another process holding out_dir as a running pretrain.py or finetune.py does (checkpoints.claim)."""
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time, checkpoints\nlock = checkpoints.claim(sys.argv[1])\n"
                                "print('held', flush=True)\ntime.sleep(600)", str(out_dir)],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"
@@ -354,7 +356,7 @@ def test_a_second_run_on_an_out_dir_in_use_stops_at_once(tokenizer, tmp_path):
     holder = hold_out_dir(tmp_path)
     with pytest.raises(DataError, match="is in use by another run"):
         pretrain.main(tiny_args(tokenizer, tmp_path, "--steps", "2"))
-    assert not pretrain.checkpoint_paths(tmp_path)
+    assert not checkpoints.checkpoint_paths(tmp_path)
     holder.kill()  # as a run ends, however it ends
     holder.wait()
     pretrain.main(tiny_args(tokenizer, tmp_path, "--steps", "2"))  # free again, and freed when the run ends
@@ -419,7 +421,7 @@ def test_checkpoint_holds_everything_and_loads_as_encoder(tokenizer, tmp_path):
     assert checkpoint["optimizer"]["state"]["head.decoder.weight"]["step"] == 2  # AdamW's state by parameter name
     assert checkpoint["train_config"]["steps"] == 2 and checkpoint["config"]["hidden_size"] == 128
     assert checkpoint["tokenizer"] == {"path": os.path.abspath(tokenizer), "sha256": Tokenizer(tokenizer).sha256}
-    encoder = MaskedLM.from_checkpoint(pretrain.checkpoint_paths(tmp_path)[-1]).encoder
+    encoder = checkpoints.from_checkpoint(checkpoints.checkpoint_paths(tmp_path)[-1]).encoder
     for name, tensor in encoder.state_dict().items():
         assert torch.equal(tensor, model.encoder.state_dict()[name])
 
@@ -538,7 +540,7 @@ def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenize
     if tied:  # one matrix, in and out, whatever the sharding
         for weights in (straight["model"], final_state(tmp_path / "two-to-one")["model"]):
             assert torch.equal(weights["head.decoder.weight"], weights["encoder.embeddings.word_embeddings.weight"])
-        model = MaskedLM.from_checkpoint(str(tmp_path / "fsdp" / "ckpt-00000006"))
+        model = checkpoints.from_checkpoint(str(tmp_path / "fsdp" / "ckpt-00000006"))
         assert model.head.decoder.weight is model.encoder.embeddings.word_embeddings.weight
         return
     # The same number of processes: bitwise the uninterrupted run.
@@ -646,7 +648,7 @@ def test_a_run_touches_only_its_own_checkpoint_folders_and_rotates_a_moved_one_b
     log = capsys.readouterr().out
     assert "at step 2" in log and "done: 4 steps" in log and "saving failed" not in log
     assert not (out / "ckpt-00000002").exists() and (moved / "checkpoint.json").exists()  # the link alone went
-    assert [Path(p).name for p in pretrain.checkpoint_paths(out)] == ["ckpt-00000004"]
+    assert [Path(p).name for p in checkpoints.checkpoint_paths(out)] == ["ckpt-00000004"]
 
 
 def test_a_crafted_checkpoint_runs_nothing_and_is_refused_by_name(tokenizer, tmp_path, capsys):
@@ -655,7 +657,7 @@ def test_a_crafted_checkpoint_runs_nothing_and_is_refused_by_name(tokenizer, tmp
     (newest / ".metadata").write_bytes(pickle.dumps(Payload(str(marker))))
     rewrite_info(newest)
     with pytest.raises(DataError, match=r"ckpt-00000004/.metadata: refused.* it names posix.mkdir"):
-        MaskedLM.from_checkpoint(str(newest))
+        checkpoints.from_checkpoint(str(newest))
     evaluated = subprocess.run([sys.executable, "evaluate.py", "mlm-accuracy", "--checkpoint", str(newest), "--data",
                                 str(REPO / "sample_data" / "en.txt"), "--tokenizer", tokenizer, "--device", "cpu"],
                                cwd=REPO, capture_output=True, text=True)
@@ -675,7 +677,7 @@ def test_a_crafted_checkpoint_runs_nothing_and_is_refused_by_name(tokenizer, tmp
     (other / ".metadata").write_bytes(pickle.dumps(metadata))
     rewrite_info(other)
     with pytest.raises(DataError, match=r"ckpt-00000006: the weights do not fit the saved config: .*decoder.bias"):
-        MaskedLM.from_checkpoint(str(other))
+        checkpoints.from_checkpoint(str(other))
     assert not marker.exists()
 
 
@@ -733,7 +735,7 @@ def test_a_full_disk_is_one_line_and_the_checkpoint_before_stays(tokenizer, tmp_
     assert "ckpt-00000004: saving failed (no space left on device" in message
     assert "\n" not in message and "Traceback" not in message
     monkeypatch.undo()
-    assert [Path(p).name for p in pretrain.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
+    assert [Path(p).name for p in checkpoints.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
     run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2", "--resume")
     assert final_state(tmp_path)["step"] == 4
 

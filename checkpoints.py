@@ -1,0 +1,531 @@
+"""The files of RemBERT models: pretrain.py's checkpoint directories (reading them, checked and never trusted;
+saving, rotating and resuming a run's own) and transformers' RemBERT layout both ways (the released checkpoint
+reads with `from_hf`). model.py holds the method; this file holds what is written to disk and read back.
+
+A checkpoint directory is data, never code. pretrain.py writes ckpt-STEP/ (8 digits): the weights and AdamW's
+state in torch.distributed.checkpoint's format (tensors, resharded onto any number of processes), every process's
+loader and random state as tensors and JSON (train_state.safetensors), and last checkpoint.json: the configs, the
+step, the tokenizer and every file's SHA-256. Before anything is read, checkpoint.json's fields are checked by type,
+its step against the folder's, its digest list against the folder's regular files, each file against its digest,
+and torch.distributed.checkpoint's pickled metadata is read by an unpickler that admits its own classes alone.
+"""
+
+import errno
+import glob
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import stat
+import warnings
+import zipfile
+from dataclasses import asdict, fields
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+from model import Encoder, MaskedLM, ModelConfig, SequenceClassifier, SpanExtractor, TokenClassifier
+
+
+class DataError(ValueError):
+    """Bad input: a data file, a checkpoint or a Hugging Face directory. The message names it."""
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def write_json(path, obj):
+    """Written whole or not at all (a crash, another process writing it): a temporary file of ours, renamed."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path):
+    """torch.load, after checking the CRC-32 of every record (torch.load does not: a damaged file would give wrong
+    weights): a pytorch_model.bin, or finetune.py's training state."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+        if damaged:
+            raise DataError(f"{path}: damaged: its record {damaged} fails its CRC check")
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except (FileNotFoundError, DataError):
+        raise
+    except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, UnpicklingError...)
+        raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({type(e).__name__}: {e})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# pretrain.py's checkpoint directories: read, checked first
+
+CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
+CHECKPOINT_NAME = re.compile(r"ckpt-(\d{8})")  # a pre-training run's own folders: ckpt-STEP, 8 digits
+_INFO_TYPES = {"step": int, "config": dict, "train_config": dict, "processes": int, "tokenizer": dict, "sha256": dict}
+
+
+def read_checkpoint_info(path, verify=True):
+    """checkpoint.json of a pretrain.py checkpoint directory, checked, not trusted: each field of the type written,
+    the step the folder's number, the digest list naming exactly the folder's regular files (no link, nothing missing
+    or extra) and (verify) each file with its SHA-256, the metadata of torch.distributed.checkpoint free of code."""
+    info_path = os.path.join(path, CHECKPOINT_INFO)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such checkpoint")
+    try:
+        if not stat.S_ISREG(os.lstat(info_path).st_mode):  # (a FIFO or a device would hang the reader)
+            raise DataError(f"{info_path}: damaged (not a regular file)")
+        with open(info_path) as f:
+            info = json.load(f)
+    except (FileNotFoundError, NotADirectoryError):
+        raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint "
+                        f"directory") from None
+    except (OSError, ValueError, RecursionError) as e:
+        raise DataError(f"{info_path}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
+    if problem := _info_problem(path, info):
+        raise DataError(f"{info_path}: damaged or not pretrain.py's ({problem})")
+    for file, digest in sorted((os.path.join(path, name), digest) for name, digest in info["sha256"].items()):
+        try:
+            if not stat.S_ISREG(os.lstat(file).st_mode):  # (a link, a FIFO: never opened)
+                raise DataError(f"{file}: damaged (not a regular file)")
+            if verify and sha256(file) != digest:
+                raise DataError(f"{file}: damaged (its SHA-256 is not the one saved with it)")
+        except OSError as e:
+            raise DataError(f"{file}: missing or unreadable ({e.strerror})") from None
+    if verify:
+        read_metadata(path)
+    return info
+
+
+def _info_problem(path, info):
+    """What is wrong with checkpoint.json's `info` for the directory `path`, or None."""
+    if not isinstance(info, dict):
+        return "not a JSON object"
+    if wrong := [k for k, kind in _INFO_TYPES.items() if type(info.get(k)) is not kind]:  # (True is no step)
+        return f"{wrong[0]}: {info.get(wrong[0])!r} is not a {_INFO_TYPES[wrong[0]].__name__}"
+    number = CHECKPOINT_NAME.fullmatch(os.path.basename(os.path.normpath(path)))
+    if number and info["step"] != int(number[1]):
+        return f"step {info['step']} in the folder of step {int(number[1])}"
+    if problem := typed_fields(ModelConfig, info["config"]):
+        return f"config: {problem}"
+    if not all(type(info["tokenizer"].get(k)) is str for k in ("path", "sha256")):
+        return "tokenizer: no path and sha256 strings"
+    if not all(type(v) is str for v in info["sha256"].values()) or ".metadata" not in info["sha256"]:
+        return "its digest list: no .metadata, or a digest that is no string"
+    if extra := sorted({n for n in os.listdir(path) if n != CHECKPOINT_INFO} - info["sha256"].keys()):
+        return f"{extra[0]} is in the folder but not in its digest list"
+    if odd := [n for n in info["sha256"] if n in ("", ".", "..", CHECKPOINT_INFO) or os.path.basename(n) != n]:
+        return f"its digest list names {odd[0]!r}, not a file of the folder"  # ('../x', '/dev/zero')
+    return None
+
+
+def typed_fields(cls, values):
+    """What keeps the dict `values` from being exactly the fields of the dataclass `cls`, each of its type (JSON's
+    integer is a float too), or None."""
+    names = [f.name for f in fields(cls)]
+    if not isinstance(values, dict) or sorted(values) != sorted(names):
+        return f"not the fields of {cls.__name__}"
+    for f in fields(cls):
+        value = values[f.name]
+        if not (type(value) is f.type or f.type is float and type(value) is int):
+            return f"{f.name}: {value!r} is not a {f.type.__name__}"
+    return None
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """torch.distributed.checkpoint keeps its metadata as a pickle, which pickle.load would let name any function to
+    call: this admits the checkpoint library's metadata classes and what they hold, and nothing else."""
+    ALLOWED = {"torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "TensorProperties",
+                                                         "ChunkStorageMetadata", "BytesStorageMetadata",
+                                                         "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
+               "torch.distributed.checkpoint.filesystem": {"_StorageInfo"}, "torch.serialization": {"_get_layout"},
+               "torch": {"Size"}, "pathlib": {"PosixPath", "PurePosixPath"}, "collections": {"OrderedDict"}}
+
+    def find_class(self, module, name):
+        if name in self.ALLOWED.get(module, ()) or module == "torch" and isinstance(getattr(torch, name, 0),
+                                                                                  torch.dtype):
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint's metadata never holds")
+
+
+def read_metadata(path):
+    """The checkpoint's torch.distributed.checkpoint Metadata, read without running anything: its tensors, each in
+    one of the folder's own files."""
+    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+    where = os.path.join(path, ".metadata")
+    try:
+        with open(where, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except Exception as e:  # (whatever a damaged or crafted pickle raises)
+        raise DataError(f"{where}: refused, not a checkpoint's metadata ({type(e).__name__}: {e})") from None
+    items = getattr(metadata, "state_dict_metadata", None)
+    if not (isinstance(metadata, Metadata) and isinstance(items, dict) and isinstance(metadata.storage_data, dict)):
+        raise DataError(f"{where}: refused, not a checkpoint's metadata")
+    # The checkpoint library reads any item that is no tensor with torch.load(weights_only=False): none is read.
+    metadata.state_dict_metadata = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
+    files = set(os.listdir(path))
+    if any(getattr(s, "relative_path", None) not in files for s in metadata.storage_data.values()):
+        raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
+    return metadata
+
+
+class CheckpointReader(dcp.FileSystemReader):
+    """torch.distributed.checkpoint's reader of a checkpoint folder, its metadata read by `read_metadata`."""
+
+    def read_metadata(self, *args, **kwargs):
+        metadata = read_metadata(str(self.path))
+        metadata.storage_meta = metadata.storage_meta or dcp.metadata.StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+def from_checkpoint(path):
+    """The MaskedLM of a pretrain.py checkpoint directory (torch.distributed.checkpoint's shards, read by one process
+    however many wrote them), every file checked first."""
+    info = read_checkpoint_info(path)
+    try:
+        model = MaskedLM(ModelConfig(**info["config"]))
+        with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load({"model": model.state_dict()}, storage_reader=CheckpointReader(path), no_dist=True)
+    except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
+        raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
+    return model
+
+
+# ----------------------------------------------------------------------------------------------
+# A run's own folder: ckpt-STEP directories saved, rotated, resumed, set aside
+
+TRAIN_STATE = "train_state.safetensors"  # in a checkpoint: every process's loader and random state
+
+
+def open_out_dir(cfg, lock, log):
+    """The main process's start in --out-dir: lock it (into `lock`), remove what interrupted saves left, and with
+    --resume, find the newest intact checkpoint (returned) and set aside the newer ones it passed over. Only this
+    run's own folders are touched: ckpt- and 8 digits (not an export named ckpt-00000010-hf, say)."""
+    lock.append(claim(cfg.out_dir))
+    own = glob.glob(os.path.join(cfg.out_dir, "ckpt-" + "[0-9]" * 8))
+    remove_partial_saves([p for p in own if os.path.isdir(p) and not os.path.lexists(os.path.join(p, CHECKPOINT_INFO))],
+                         log)
+    if not checkpoint_paths(cfg.out_dir):
+        if cfg.resume:
+            log(f"--resume: no checkpoint in {cfg.out_dir} yet; starting at step 0")
+        return None
+    if not cfg.resume:
+        raise DataError(f"{cfg.out_dir} already holds checkpoints; pass --resume to continue that run, "
+                        f"or choose another --out-dir")
+    resumed = newest_intact_checkpoint(cfg.out_dir, type(cfg), log)
+    for damaged in (p for p in checkpoint_paths(cfg.out_dir) if p > resumed[0]):
+        set_aside(damaged, log)
+    return resumed
+
+
+def claim(out_dir):
+    """Lock out_dir/.lock while this run (its main process) writes there: a second run started on it meanwhile would
+    delete this one's checkpoints, so that one stops at once instead. A POSIX lock: the process's own (its forked
+    workers do not hold it), held while the returned file is open, gone when the process ends however it ends."""
+    import fcntl  # (POSIX only, as is this lock)
+    os.makedirs(out_dir, exist_ok=True)
+    lock = open(os.path.join(out_dir, ".lock"), "a")
+    try:
+        fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # (held elsewhere: EAGAIN or EACCES, by the system)
+        lock.close()
+        raise DataError(f"{out_dir} is in use by another run: wait for it, or choose another --out-dir") from None
+    except OSError as e:  # a file system without locks
+        warnings.warn(f"{out_dir}: cannot lock it against a second run writing there at once ({e})")
+    return lock
+
+
+def checkpoint_paths(out_dir):
+    """Complete checkpoints, oldest first: ckpt-STEP directories with their checkpoint.json."""
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, "ckpt-" + "[0-9]" * 8, CHECKPOINT_INFO)))
+
+
+def newest_intact_checkpoint(out_dir, train_config, log):
+    """(path, checkpoint.json) of the newest checkpoint whose every file has its SHA-256 and whose train_config has
+    the fields of the dataclass `train_config`; a damaged one is skipped."""
+    damaged = []
+    for path in reversed(checkpoint_paths(out_dir)):
+        try:
+            info = read_checkpoint_info(path)
+            if problem := typed_fields(train_config, info["train_config"]):
+                raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's (train_config: {problem})")
+            return path, info
+        except DataError as e:
+            log(f"warning: {e}; trying the checkpoint before it")
+            damaged.append(os.path.basename(path))
+    raise DataError(f"{out_dir}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
+
+
+def set_aside(path, log):
+    """Move a checkpoint that resuming passed over out of the way (of --keep's count, of the next --resume), kept
+    under the first free name of path.damaged, path.damaged-2, ..."""
+    target, n = path + ".damaged", 1
+    while os.path.lexists(target):
+        n += 1
+        target = f"{path}.damaged-{n}"
+    try:
+        os.replace(path, target)
+    except OSError as e:
+        raise OSError(f"{path}: cannot set it aside as {target} ({e.strerror}); move it yourself") from None
+    log(f"moved {path}, passed over above, to {target}")
+
+
+def remove(path):
+    """A checkpoint folder, or the link to it (a folder moved to another disk): what was written elsewhere stays."""
+    shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+
+
+def remove_partial_saves(paths, log):
+    """Delete what saves that a crash interrupted left, files or directories (never read: every reader skips them)."""
+    for path in paths:
+        remove(path)
+        log(f"removed {path}, left by an interrupted save")
+
+
+def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer, log):
+    """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format (by parameter name, so
+    that any number of processes reshards them), every process's data position and random state (tensors and JSON),
+    and last, checkpoint.json: both configs, the step, the tokenizer (by path and digest) and every file's SHA-256.
+    Then the oldest beyond --keep go."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+    path = os.path.join(cfg.out_dir, f"ckpt-{step:08d}")
+    if runtime.on_main(lambda: os.path.lexists(path)):  # (resuming set every later checkpoint aside)
+        raise DataError(f"{path} exists already: not written over; move it away, or choose another --out-dir")
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(
+        cpu_offload=not runtime.fsdp))  # replicated: what the main process writes, on the CPU
+    train_state = {"loader": runtime.gather_object(loader.state_dict()),
+                   "rng": runtime.gather_object(runtime.rng_state())}
+
+    def write_shards():  # (AdamW's settings are this run's: its state alone is saved, all of it tensors)
+        try:
+            runtime.distributed_checkpoint({"model": model_state, "optimizer": {"state": optimizer_state["state"]}},
+                                           path)
+        except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
+            raise save_error(path, e) from None
+    write_shards() if runtime.fsdp else runtime.on_main(write_shards)  # (sharded, DCP tells every process)
+
+    def complete():
+        try:
+            write_train_state(train_state, os.path.join(path, TRAIN_STATE))
+            write_json(os.path.join(path, CHECKPOINT_INFO), {
+                "step": step, "config": asdict(model_config), "train_config": asdict(cfg), "processes":
+                runtime.world_size, "tokenizer": {"path": os.path.abspath(tokenizer.model_file),
+                                                  "sha256": tokenizer.sha256},
+                "sha256": {name: sha256(os.path.join(path, name)) for name in sorted(os.listdir(path))}})
+        except Exception as e:  # (safetensors' own errors name no file)
+            raise save_error(path, e) from None
+        for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:  # (the new one is saved, whatever happens here)
+            try:
+                remove(old)
+            except OSError as e:
+                log(f"warning: {old}: not removed ({e.strerror}); --keep counts it no more")
+    runtime.on_main(complete)
+    return path
+
+
+def one_line(error):
+    """What failed, in one line: the checkpoint library wraps each process's error, traceback included, in its own."""
+    while isinstance(error, dcp.CheckpointException) and error.failures:
+        error = next(iter(error.failures.values()))[0]  # (its failures: rank -> (exception, traceback))
+    if getattr(error, "errno", None) == errno.ENOSPC:
+        return f"no space left on device: {error}"
+    if isinstance(error, OSError):
+        return str(error)
+    return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
+
+
+def save_error(path, error):
+    return OSError(f"{path}: saving failed ({one_line(error)}); the checkpoints saved before are intact")
+
+
+def write_train_state(state, path):
+    """Nested dicts and lists of tensors and JSON values (the loader's and the random state of every process) as
+    one safetensors file, the tensors by number and the rest as JSON in its header: read back, it runs nothing."""
+    from safetensors.torch import save_file
+    tensors = {}
+
+    def skeleton(x):
+        if torch.is_tensor(x):
+            tensors[str(len(tensors))] = x.detach().cpu().contiguous()
+            return {"tensor": str(len(tensors) - 1)}
+        if isinstance(x, dict):
+            return {"dict": {k: skeleton(v) for k, v in x.items()}}
+        return [skeleton(v) for v in x] if isinstance(x, (list, tuple)) else x
+    save_file(tensors, path, metadata={"state": json.dumps(skeleton(state))})
+
+
+def read_train_state(path):
+    from safetensors import safe_open
+    with safe_open(path, "pt") as f:
+        tensors, skeleton = {k: f.get_tensor(k) for k in f.keys()}, json.loads(f.metadata()["state"])
+
+    def filled(x):
+        if isinstance(x, dict):
+            return tensors[x["tensor"]] if "tensor" in x else {k: filled(v) for k, v in x["dict"].items()}
+        return [filled(v) for v in x] if isinstance(x, list) else x
+    return filled(skeleton)
+
+
+# ----------------------------------------------------------------------------------------------
+# The Hugging Face layout (transformers' RemBERT), both ways. Our names -> theirs, per module:
+
+_HF_ENCODER = {"embeddings.norm": "embeddings.LayerNorm", "embedding_projection": "encoder.embedding_hidden_mapping_in",
+               "pooler": "pooler.dense"}  # the embedding tables have the same names
+_HF_LAYER = {"attention.query": "attention.self.query", "attention.key": "attention.self.key",
+             "attention.value": "attention.self.value", "attention.out": "attention.output.dense",
+             "attention_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
+             "output": "output.dense", "output_norm": "output.LayerNorm"}
+_HF_HEAD = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
+_HF_CONFIG = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
+              "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
+              "input_embedding_size": "input_embedding_size", "output_embedding_size": "output_embedding_size",
+              "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
+              "layer_norm_eps": "layer_norm_eps", "dropout": "hidden_dropout_prob"}
+# Where a directory keeps its weights, in the order from_pretrained looks (an index names the shards of one).
+_HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+
+
+def hf_name(name, table=_HF_ENCODER):
+    """transformers' name of one of our parameters ("layers.3.attention.query.weight" ->
+    "encoder.layer.3.attention.self.query.weight"), without the "rembert." of the task models."""
+    module, parameter = name.rsplit(".", 1)
+    if module.startswith("layers."):
+        _, i, rest = module.split(".", 2)
+        return f"encoder.layer.{i}.{_HF_LAYER[rest]}.{parameter}"
+    return f"{table.get(module, module)}.{parameter}"
+
+
+def from_hf(path):
+    """The MaskedLM of a RemBERT directory in the Hugging Face layout, as `save_pretrained` writes it (e.g.
+    google/rembert, its weights in one file). The released checkpoint has no MLM head: ours stays as initialised."""
+    config, state = _read_hf(path)
+    model = MaskedLM(config)
+    _load_hf_encoder(model.encoder, state, path)
+    head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
+    if config.tie_embeddings and head["decoder.weight"] not in state:  # transformers 4 saves a tied matrix once
+        del head["decoder.weight"]
+    if any(hf in state for hf in head.values()):  # a head, then all of it: _copy_tensors names what is missing
+        _copy_tensors(model.head, state, head, path)  # (tied: into the input embedding too, checked next)
+        if config.tie_embeddings and not torch.equal(model.head.decoder.weight,
+                                                     state["embeddings.word_embeddings.weight"]):
+            raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
+                            f"differs from its input embedding")
+    else:
+        warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
+    return model
+
+
+def encoder_from_hf(path):
+    """The Encoder of a Hugging Face RemBERT directory (see `from_hf`)."""
+    config, state = _read_hf(path)
+    encoder = Encoder(config)
+    if not _load_hf_encoder(encoder, state, path):
+        warnings.warn(f"{path} has no pooler: it keeps its fresh initialisation")
+    return encoder
+
+
+def _read_hf(path):
+    """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names."""
+    import safetensors.torch
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            hf = {"hidden_dropout_prob": 0.0, **json.load(f)}  # a missing key: transformers' default
+        config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items() if theirs in hf},
+                             tie_embeddings=hf.get("tie_word_embeddings", False))
+    except (KeyError, TypeError, ValueError, RecursionError) as e:  # (json.JSONDecodeError is a ValueError)
+        raise DataError(f"{path}/config.json: not a RemBERT config ({type(e).__name__}: {e})") from None
+    if (hf.get("model_type", "rembert") != "rembert" or hf.get("hidden_act", "gelu") not in ("gelu", "gelu_python")
+            or hf.get("is_decoder")):  # another architecture, another non-linearity, causal attention
+        raise DataError(f"{path}/config.json: supported are RemBERT encoders (model_type rembert, is_decoder false) "
+                        f"with hidden_act 'gelu'")
+    if hf.get("attention_probs_dropout_prob", 0.0) != config.dropout:
+        warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
+    found = next((os.path.join(path, name) for name in _HF_WEIGHTS if os.path.exists(os.path.join(path, name))), None)
+    if found is None:
+        raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
+    if found.endswith(".index.json"):  # (what lies beside it may be an earlier save's: not read instead)
+        raise DataError(f"{found}: a checkpoint in shards, not read here; save it as one file (max_shard_size)")
+    try:
+        state = safetensors.torch.load_file(found) if found.endswith(".safetensors") else load_checkpoint(found)
+    except safetensors.SafetensorError as e:
+        raise DataError(f"{found}: not a readable safetensors file ({e})") from None
+    if not isinstance(state, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in state.items()):
+        raise DataError(f"{found}: its weights are not a dict of named tensors")
+    return config, {k.removeprefix("rembert."): v for k, v in state.items()}
+
+
+def _copy_tensors(module, state, names, path):
+    own = module.state_dict()
+    with torch.no_grad():
+        for ours, theirs in names.items():
+            if theirs not in state:
+                raise DataError(f"{path}: the checkpoint has no {theirs}")
+            if state[theirs].shape != own[ours].shape:
+                raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
+                                f"{ours} needs {tuple(own[ours].shape)}")
+            if not state[theirs].isfinite().all():  # a damaged or diverged model: no use to train or measure
+                raise DataError(f"{path}: {theirs} holds NaN or infinite values")
+            own[ours].copy_(state[theirs])
+
+
+def _load_hf_encoder(encoder, state, path):
+    """Copy the encoder's tensors; the pooler (RemBertForMaskedLM saves none) may be absent: returns whether."""
+    names = {name: hf_name(name) for name in encoder.state_dict()}
+    if unused := sorted(k for k in state if k.startswith("encoder.layer.") and k not in names.values()):
+        raise DataError(f"{path}: config.json says {encoder.config.num_layers} layers, but it also holds {unused[0]}")
+    pooler = "pooler.dense.weight" in state
+    if not pooler:  # as transformers does: the pooler keeps its initialisation
+        names = {ours: theirs for ours, theirs in names.items() if not ours.startswith("pooler.")}
+    if encoder.config.input_embedding_size == encoder.config.hidden_size:
+        # transformers always projects E_in to H, this model not when E_in == H: the same only for the identity.
+        H = encoder.config.hidden_size
+        weight, bias = (state.get(hf_name(f"embedding_projection.{p}"), torch.empty(0)) for p in ("weight", "bias"))
+        if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
+            raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
+                            f"the identity; this implementation has no projection when E_in == H")
+    _copy_tensors(encoder, state, names, path)
+    return pooler
+
+
+def save_hf(model, path):
+    """Write `model` as transformers' RemBERT (config.json, model.safetensors): a MaskedLM as RemBertForMaskedLM (its
+    pre-training-only layers have no place there: refused), an Encoder as RemBertModel, a task model as RemBertFor..."""
+    from safetensors.torch import save_file
+    if isinstance(model, MaskedLM):
+        if model.config.pretraining_only_layers:
+            raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; export model.encoder")
+        architecture, encoder, prefix = "RemBertForMaskedLM", model.encoder, "rembert."
+        extra = {"cls.predictions." + hf_name(name, _HF_HEAD): t for name, t in model.head.state_dict().items()}
+    elif isinstance(model, Encoder):
+        architecture, encoder, prefix, extra = "RemBertModel", model, "", {}
+    elif task := {SequenceClassifier: "SequenceClassification", TokenClassifier: "TokenClassification",
+                  SpanExtractor: "QuestionAnswering"}.get(type(model)):
+        architecture, encoder, prefix = f"RemBertFor{task}", model.encoder, "rembert."
+        extra = {name: t for name, t in model.state_dict().items() if not name.startswith("encoder.")}  # the head
+    else:
+        raise TypeError(f"save_hf cannot export a {type(model).__name__}")
+    config = encoder.config
+    state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()} | extra
+    if config.input_embedding_size == config.hidden_size:  # transformers always projects: the identity
+        state[prefix + hf_name("embedding_projection.weight")] = torch.eye(config.hidden_size)
+        state[prefix + hf_name("embedding_projection.bias")] = torch.zeros(config.hidden_size)
+    hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
+    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu", pad_token_id=0,
+                     tie_word_embeddings=config.tie_embeddings, attention_probs_dropout_prob=config.dropout)
+    if isinstance(model, (SequenceClassifier, TokenClassifier)):
+        hf_config["num_labels"] = model.classifier.out_features
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf_config, f, indent=2)
+    # Clones: a tied output embedding is its own tensor in the file (safetensors refuses shared memory).
+    try:
+        save_file({name: t.detach().cpu().clone() for name, t in state.items()},
+                  os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
+    except Exception as e:  # a full disk: safetensors raises its own error, which names no file
+        raise OSError(f"{path}/model.safetensors: saving failed ({e})") from e

@@ -1,0 +1,266 @@
+"""Where the training runs: the device block of pretrain.py and finetune.py. CPU, CUDA GPUs (bf16 autocast) or
+TPUs (torch-xla), with data parallelism from the launcher (torchrun: DDP, or FSDP2 with --fsdp; torch_xla.launch)
+and on XLA with --fsdp, SPMD over the host's devices (FSDPv2's layout). None of it is the paper's method: a
+training loop calls the same few methods whatever runs it."""
+
+import contextlib
+import os
+import pickle
+import warnings
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from checkpoints import CheckpointReader, DataError
+from configs import resolve_device
+
+
+@dataclass
+class Runtime:
+    """One process's device, its place among the processes, and how the model is spread over them."""
+    kind: str  # "cpu" | "cuda" | "xla"
+    device: torch.device
+    rank: int = 0  # global rank: which share of the data this process reads
+    world_size: int = 1
+    fsdp: bool = False  # weights, gradients and AdamW's state sharded over the processes (FSDP2)
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+    @property
+    def replicas(self):
+        """Over how many copies of the model the gradient reduction averages (DDP, FSDP2, xm.reduce_gradients)."""
+        return self.world_size
+
+    def describe(self):
+        return (f"{self.kind} ({self.device}), {self.world_size} process(es)"
+                + ", weights sharded (FSDP2)" * self.fsdp)
+
+    @property
+    def xm(self):  # torch_xla's xla_model, imported on XLA only
+        import torch_xla.core.xla_model as xm
+        return xm
+
+    def autocast(self):  # bf16 on CUDA; a no-op elsewhere
+        return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.kind == "cuda")
+
+    def wrap_model(self, model):
+        """The model on the device, spread over the processes. FSDP2 as torchtitan applies it: a unit per
+        Transformer layer, the embeddings and the MLM head (one unit when tied: a parameter belongs to one), then the
+        rest; bf16 compute with float32 gradient reduction on CUDA. On XLA the replicas stay plain modules:
+        optimizer_step all-reduces their gradients."""
+        model = model.to(self.device)
+        if self.fsdp:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
+                if self.kind == "cuda" else MixedPrecisionPolicy()
+            outer = [model.encoder.embeddings, model.head]
+            outer = [outer] if model.config.tie_embeddings else outer
+            for unit in [*model.encoder.layers, *model.pretraining_layers, *outer]:
+                fully_shard(unit, mp_policy=policy)
+            return fully_shard(model, mp_policy=policy)
+        if self.world_size > 1 and self.kind != "xla":
+            return torch.nn.parallel.DistributedDataParallel(
+                model, device_ids=[self.device] if self.kind == "cuda" else None)
+        return model
+
+    def lay_out(self, optimizer):
+        """AdamW's state, just made for a resume, laid out as its parameters are (only SPMD needs to be told)."""
+
+    def loader(self, batches):
+        """Batches (dicts of tensors) on the device. On XLA, MpDeviceLoader uploads them in a background thread and
+        cuts the lazy graph at each batch (one compiled step)."""
+        if self.kind == "xla":
+            from torch_xla.distributed.parallel_loader import MpDeviceLoader
+            return iter(MpDeviceLoader(batches, self.device))
+        return ({k: v.to(self.device, non_blocking=True) for k, v in b.items()} for b in batches)
+
+    def optimizer_step(self, optimizer, max_grad_norm):
+        """xm.optimizer_step is reduce_gradients + step; clipping must sit between the two, so on XLA its two
+        halves are called here (DDP and FSDP2 reduced the gradients in backward, SPMD's compiler in the step)."""
+        if self.kind == "xla" and self.replicas > 1:
+            self.xm.reduce_gradients(optimizer)
+        torch.nn.utils.clip_grad_norm_([p for group in optimizer.param_groups for p in group["params"]], max_grad_norm)
+        optimizer.step()
+        if self.kind == "xla":
+            import torch_xla
+            torch_xla.sync()  # cut the lazy graph here, so every step compiles to the same graph
+
+    def all_reduce_sum(self, tensor):
+        """Sum over processes (a device op: no host sync). Under SPMD a tensor is already the whole job's."""
+        if self.replicas == 1:
+            return tensor
+        if self.kind == "xla":
+            return self.xm.all_reduce(self.xm.REDUCE_SUM, tensor)
+        dist.all_reduce(tensor)
+        return tensor
+
+    def gather_object(self, obj):
+        """[obj of rank 0, obj of rank 1, ...] on every process (for per-rank resume state)."""
+        if self.world_size == 1:
+            return [obj]
+        if self.kind == "xla" and self.replicas > 1:  # rendezvous exchanges bytes, in the order of the processes
+            return [pickle.loads(payload) for payload in self.xm.rendezvous("gather_object", pickle.dumps(obj))]
+        gathered = [None] * self.world_size
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def on_main(self, work):
+        """work() on the main process alone, its result on every process. Its refusal (DataError, OSError) stops
+        every process with the same one line, not the others with a broken connection when the main one is gone."""
+        result = failure = None
+        if self.is_main:
+            try:
+                result = work()
+            except (DataError, OSError) as e:
+                failure = isinstance(e, OSError), str(e)
+        result, failure = self.gather_object((result, failure))[0]
+        if failure:
+            raise (OSError if failure[0] else DataError)(failure[1])
+        return result
+
+    def rng_state(self):
+        """Every generator the step draws from (dropout), for exact resume."""
+        state = {"torch": torch.get_rng_state()}
+        if self.kind != "cpu":
+            state[self.kind] = (self.xm if self.kind == "xla" else torch.cuda).get_rng_state(self.device)
+        return state
+
+    def set_rng_state(self, state):
+        torch.set_rng_state(state["torch"])
+        if self.kind in state:
+            (self.xm if self.kind == "xla" else torch.cuda).set_rng_state(state[self.kind], self.device)
+        elif self.kind != "cpu":  # saved on another kind of device
+            warnings.warn(f"the saved state has no {self.kind} random state: dropout draws differ from the saved run's")
+
+    def compiles(self):
+        """For the log line: how often XLA has compiled (once per new graph: it should stop growing)."""
+        if self.kind != "xla":
+            return ""
+        import torch_xla.debug.metrics as met
+        return f" | xla compiles {(met.metric_data('CompileTime') or [0])[0]}"
+
+    def save(self, obj, path):
+        """One file (finetune.py's training state), written whole or not at all: a temporary file, flushed, renamed."""
+        tmp = path + ".tmp"
+        try:
+            if self.kind == "xla":
+                self.xm.save(obj, tmp, master_only=True, global_master=True)  # moves to CPU; all call it
+            elif self.is_main:
+                torch.save(obj, tmp)
+            if self.is_main:
+                with open(tmp, "rb") as f:
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+        except (OSError, RuntimeError) as e:
+            raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from e
+        finally:
+            if self.is_main:  # a save that failed (a full disk, Ctrl-C) leaves no partial file behind
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(tmp)
+
+    def distributed_checkpoint(self, state, path, load=False, planner=None):
+        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory, which
+        any number of processes reads. Sharded, each process writes and reads its own shards; replicated, the main
+        process writes all, and each process reads all. Its metadata is read by checkpoints.read_metadata."""
+        collective = self.fsdp and dist.is_initialized()
+        with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            if load:
+                dcp.load(state, storage_reader=CheckpointReader(path), planner=planner, no_dist=not collective)
+            elif self.fsdp or self.is_main:
+                dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
+
+
+@dataclass
+class SPMDRuntime(Runtime):
+    """XLA with --fsdp: one process per host, SPMD over all of the job's devices on one mesh axis, "fsdp"
+    (FSDPv2's setting). The compiler splits each batch over the devices and follows the weights' layout for the
+    gradients and AdamW's state; a step computes the global batch as one."""
+    mesh: object = None
+
+    @property
+    def replicas(self):
+        return 1
+
+    def describe(self):
+        return f"{self.kind} ({self.device}), {self.world_size} process(es), weights sharded (SPMD)"
+
+    def wrap_model(self, model):
+        self.shard(model.to(self.device).parameters())
+        return model
+
+    def shard(self, tensors):
+        """FSDPv2's layout (with shard_maximal): each tensor's largest dimension split over the mesh's fsdp axis (a
+        smaller one, as the 2 segment types, would leave it whole, which torch-xla's checkpoint reader cannot read),
+        marked on the tensors themselves (torch-xla's wrapper would rename the parameters)."""
+        import torch_xla.distributed.spmd as xs
+        for t in tensors:
+            largest = t.shape.index(max(t.shape))
+            xs.mark_sharding(t, self.mesh, tuple("fsdp" if d == largest else None for d in range(t.dim())))
+
+    def lay_out(self, optimizer):  # (torch-xla's checkpoint reader needs a layout)
+        self.shard([t for s in optimizer.state.values() for t in s.values() if t.device.type == "xla"])
+
+    def loader(self, batches):  # each batch split over the devices: (B, T) and (B, P) along B
+        import torch_xla.distributed.spmd as xs
+        from torch_xla.distributed.parallel_loader import MpDeviceLoader
+        sharding = xs.ShardingSpec(self.mesh, ("fsdp", None), minibatch=True)
+        return iter(MpDeviceLoader(batches, self.device, input_sharding=sharding))
+
+    def distributed_checkpoint(self, state, path, load=False, planner=None):
+        from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner, SPMDSavePlanner
+        super().distributed_checkpoint(state, path, load, SPMDLoadPlanner() if load else SPMDSavePlanner())
+
+
+def setup_runtime(device="auto", fsdp=False, batch_size=None):
+    """Data parallelism comes from the launcher: torchrun's RANK / WORLD_SIZE / LOCAL_RANK (nccl on GPUs, gloo on
+    CPU), or on XLA torch_xla.launch's processes (PJRT), one per core or chip; with fsdp on XLA, one process per
+    host, SPMD over all of the job's devices, each host's `batch_size` split over its own."""
+    device = resolve_device(device)
+    if device == "xla":
+        import torch_xla
+        import torch_xla.runtime as xr
+        if not fsdp:
+            return Runtime("xla", torch_xla.device(), xr.global_ordinal(), xr.world_size())
+        import torch_xla.distributed.spmd as xs
+        xr.use_spmd()
+        if batch_size and batch_size % xr.addressable_runtime_device_count():
+            raise DataError(f"--batch-size {batch_size} does not split over this host's "
+                            f"{xr.addressable_runtime_device_count()} devices")
+        devices = xr.global_runtime_device_count()
+        if xr.process_count() > 1 and not dist.is_initialized():  # hosts agree on checkpoints over gloo
+            dist.init_process_group("gloo", init_method="xla://")
+        return SPMDRuntime("xla", torch_xla.device(), xr.process_index(), xr.process_count(), fsdp=True,
+                           mesh=xs.Mesh(list(range(devices)), (devices,), ("fsdp",)))
+    try:
+        rank, world_size, local_rank = (int(os.environ.get(k, d)) for k, d in (("RANK", 0), ("WORLD_SIZE", 1),
+                                                                                ("LOCAL_RANK", 0)))
+    except ValueError:
+        raise DataError("RANK, WORLD_SIZE and LOCAL_RANK are torchrun's (whole numbers): start the processes with "
+                        "torchrun --nproc-per-node N") from None
+    if world_size > 1 and not ("MASTER_ADDR" in os.environ and 0 <= rank < world_size):
+        raise DataError(f"WORLD_SIZE={world_size} without torchrun's MASTER_ADDR, or RANK outside it: start the "
+                        f"processes with torchrun --nproc-per-node N")
+    torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
+    if device == "cuda":
+        torch.cuda.set_device(torch_device)
+    if (world_size > 1 or fsdp) and not dist.is_initialized():  # (FSDP's device mesh needs a group, even of one)
+        alone = {} if "RANK" in os.environ else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
+        dist.init_process_group("nccl" if device == "cuda" else "gloo", **alone)
+    return Runtime(device, torch_device, rank, world_size, fsdp=fsdp)
+
+
+def launch(function, device, *args, processes=True):
+    """XLA: torch_xla.launch starts a process per device (processes=False: this one, for SPMD)."""
+    if not processes or resolve_device(device) != "xla":
+        return function(*args)
+    import torch_xla
+    torch_xla.launch(_without_index, args=(function, *args))
+
+
+def _without_index(index, function, *args):  # torch_xla.launch passes the process index first
+    function(*args)

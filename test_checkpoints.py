@@ -1,0 +1,238 @@
+"""Tests of checkpoints.py: transformers' RemBERT layout both ways (what a directory holds, what is refused and
+named), torch.save'd files checked before they are read. pretrain.py's checkpoint directories are tested through
+pretrain.py's runs in test_pretrain.py."""
+
+import json
+import struct
+import warnings
+from dataclasses import replace
+
+import pytest
+import torch
+
+from checkpoints import DataError, encoder_from_hf, from_hf, load_checkpoint, save_hf
+from model import Encoder, MaskedLM, count_parameters
+from test_model import SMALL, batch, hf_config
+
+
+def test_a_config_without_optional_keys_loads_as_transformers_reads_it(tmp_path):
+    """transformers fills a missing key with RemBertConfig's default (dropout 0, layer_norm_eps 1e-12...);
+    its "gelu_python" is the same erf GELU as "gelu"."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    transformers.RemBertModel(hf_config(SMALL)).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    for key in ("layer_norm_eps", "type_vocab_size", "hidden_dropout_prob", "attention_probs_dropout_prob"):
+        del config[key]
+    (tmp_path / "config.json").write_text(json.dumps({**config, "hidden_act": "gelu_python"}))
+    theirs = transformers.RemBertModel.from_pretrained(tmp_path).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no dropout mismatch to warn about: both are transformers' 0
+        ours = encoder_from_hf(tmp_path).eval()
+    assert ours.config.dropout == theirs.config.hidden_dropout_prob == 0.0
+    input_ids, token_type_ids, attention_mask = batch(SMALL)
+    with torch.no_grad():
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
+        torch.testing.assert_close(ours(input_ids, token_type_ids, attention_mask), ref.last_hidden_state,
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_save_hf_round_trip_masked_lm(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    ours = MaskedLM(SMALL).eval()
+    save_hf(ours, tmp_path)
+    theirs = transformers.RemBertForMaskedLM.from_pretrained(tmp_path).eval()
+    input_ids, token_type_ids, attention_mask = batch(SMALL)
+    with torch.no_grad():
+        mine, _ = ours(input_ids, token_type_ids, attention_mask)
+        ref = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+    torch.testing.assert_close(mine, ref, atol=1e-5, rtol=1e-5)
+    back = from_hf(tmp_path)
+    for (name, a), (_, b) in zip(ours.state_dict().items(), back.state_dict().items()):
+        if not name.startswith("encoder.pooler."):  # RemBertForMaskedLM has no pooler
+            assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("header", [
+    struct.pack("<Q", 2**63) + b"{}",  # a header length past the file
+    struct.pack("<Q", 5) + b"{abc}",  # not JSON
+    struct.pack("<Q", 2) + b"[]",  # not an object
+    struct.pack("<Q", 200001) + b"[" * 100000 + b"]" * 100001,  # nested past any recursion limit
+    b"\x01\x02",  # shorter than the length field
+    None,  # a tensor whose offsets run past the file, whose shape overflows, of an unknown dtype
+])
+def test_malformed_safetensors_are_refused_by_name(tmp_path, header):
+    """Files the safetensors package refuses (it is fuzzed) become one DataError naming the file."""
+    save_hf(Encoder(SMALL), tmp_path)
+    if header is None:
+        entries = {"a": {"dtype": "F32", "shape": [2**62, 2**62], "data_offsets": [0, 4]},
+                   "b": {"dtype": "Q9", "shape": [1], "data_offsets": [0, 4]}}
+        text = json.dumps(entries).encode()
+        header = struct.pack("<Q", len(text)) + text + b"\0" * 4
+    (tmp_path / "model.safetensors").write_bytes(header)
+    with pytest.raises(DataError, match="model.safetensors: not a readable safetensors file"):
+        encoder_from_hf(tmp_path)
+
+
+def test_a_config_nested_deeper_than_python_reads_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match="config.json: not a RemBERT config"):
+        encoder_from_hf(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["central directory compression", "local header name length", "not a zip"])
+def test_damaged_checkpoints_are_refused_by_name(tmp_path, damage):
+    """Whatever the damage, one DataError naming the file (pretrain.py then tries the checkpoint before it)."""
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model": MaskedLM(SMALL).state_dict()}, path)
+    raw = bytearray(path.read_bytes())
+    if damage == "central directory compression":
+        central = raw.rindex(b"PK\x01\x02")  # the last record's entry in the central directory
+        raw[central + 10] = 0x63  # an unknown compression method
+    elif damage == "local header name length":
+        raw[26] = 0xFF
+    else:
+        raw = bytearray(b"\x80\x02 a pickle, not a zip" + bytes(100))
+    path.write_bytes(raw)
+    with pytest.raises(DataError, match=r"ckpt.pt: damaged"):
+        load_checkpoint(path)
+
+
+def test_from_hf_without_head_warns_and_pytorch_bin(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.RemBertModel(hf_config(SMALL))
+    torch.save(hf.state_dict(), tmp_path / "pytorch_model.bin")
+    hf.config.to_json_file(tmp_path / "config.json")
+    with pytest.warns(UserWarning, match="no masked-LM head"):
+        model = from_hf(tmp_path)
+    assert torch.equal(model.encoder.embeddings.word_embeddings.weight, hf.embeddings.word_embeddings.weight)
+
+
+def test_a_checkpoint_that_disagrees_with_its_config_is_refused(tmp_path):
+    """Part of an MLM head (not none of it), layers the config does not count, or a weights file that is no
+    dict of tensors: a DataError naming it, not a fresh head, a silently shorter model or a traceback."""
+    transformers = pytest.importorskip("transformers")
+    from safetensors.torch import load_file, save_file
+    transformers.RemBertForMaskedLM(hf_config(SMALL)).save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if k != "cls.predictions.decoder.bias"}, tmp_path / "model.safetensors")
+    with pytest.raises(DataError, match="has no cls.predictions.decoder.bias"):
+        from_hf(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    with pytest.raises(DataError, match="says 2 layers, but it also holds encoder.layer.2"):
+        encoder_from_hf(tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    torch.save([torch.zeros(1)], tmp_path / "pytorch_model.bin")
+    with pytest.raises(DataError, match="its weights are not a dict of named tensors"):
+        encoder_from_hf(tmp_path)
+
+
+def test_unfactorized_models_export_with_an_identity_projection(tmp_path):
+    """E_in == H (Table 2's baselines) has no projection here; transformers always has one: the export
+    writes the identity, which transformers computes with and which loads back. A learned projection
+    cannot be dropped: it is refused."""
+    transformers = pytest.importorskip("transformers")
+    config = replace(SMALL, input_embedding_size=32)
+    torch.manual_seed(0)
+    ours = MaskedLM(config).eval()
+    save_hf(ours, tmp_path / "ours")
+    theirs = transformers.RemBertForMaskedLM.from_pretrained(tmp_path / "ours").eval()
+    input_ids, token_type_ids, attention_mask = batch(config)
+    with torch.no_grad():
+        reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+        torch.testing.assert_close(ours(input_ids, token_type_ids, attention_mask)[0], reference, atol=1e-5, rtol=1e-5)
+        back = from_hf(tmp_path / "ours").eval()
+        torch.testing.assert_close(back(input_ids, token_type_ids, attention_mask)[0], reference, atol=1e-5, rtol=1e-5)
+    transformers.RemBertModel(hf_config(config)).save_pretrained(tmp_path / "learned")  # a random projection
+    with pytest.raises(DataError, match="projection is not the identity"):
+        from_hf(tmp_path / "learned")
+
+
+def test_a_coupled_model_exports_and_loads_back_coupled(tmp_path):
+    """transformers' RemBERT never ties (its file holds both copies, and it computes the same); our loader
+    reads tie_word_embeddings back, so a coupled model stays coupled, and refuses copies that differ."""
+    transformers = pytest.importorskip("transformers")
+    config = replace(SMALL, input_embedding_size=24, output_embedding_size=24, tie_embeddings=True)
+    torch.manual_seed(0)
+    ours = MaskedLM(config).eval()
+    save_hf(ours, tmp_path)
+    theirs = transformers.RemBertForMaskedLM.from_pretrained(tmp_path).eval()
+    back = from_hf(tmp_path).eval()
+    assert back.head.decoder.weight is back.encoder.embeddings.word_embeddings.weight
+    assert count_parameters(back) == count_parameters(ours)
+    input_ids, token_type_ids, attention_mask = batch(config)
+    with torch.no_grad():
+        reference = theirs(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask).logits
+        for model in (ours, back):
+            torch.testing.assert_close(model(input_ids, token_type_ids, attention_mask)[0], reference,
+                                       atol=1e-5, rtol=1e-5)
+    # transformers 4 saves a tied matrix once, without cls.predictions.decoder.weight: it loads tied.
+    from safetensors.torch import load_file, save_file
+    state = load_file(tmp_path / "model.safetensors")
+    del state["cls.predictions.decoder.weight"]
+    (tmp_path / "once").mkdir()
+    save_file(state, tmp_path / "once" / "model.safetensors", metadata={"format": "pt"})
+    (tmp_path / "once" / "config.json").write_text((tmp_path / "config.json").read_text())
+    once = from_hf(tmp_path / "once").eval()
+    assert once.head.decoder.weight is once.encoder.embeddings.word_embeddings.weight
+    with torch.no_grad():
+        torch.testing.assert_close(once(input_ids, token_type_ids, attention_mask)[0], reference, atol=1e-5, rtol=1e-5)
+        theirs.cls.predictions.decoder.weight.add_(1.0)  # trained apart in transformers: no longer one matrix
+    theirs.save_pretrained(tmp_path / "apart")
+    with pytest.raises(DataError, match="tie_word_embeddings, but its output embedding .* differs"):
+        from_hf(tmp_path / "apart")
+
+
+def test_a_decoder_another_activation_or_another_architecture_is_refused(tmp_path):
+    save_hf(Encoder(SMALL), tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    # A causal mask, another non-linearity, BERT's weights under a config that fits RemBERT's defaults.
+    for change in ({"is_decoder": True}, {"hidden_act": "relu"}, {"model_type": "bert"}):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
+        with pytest.raises(DataError, match="supported are RemBERT encoders .model_type rembert, is_decoder false. "
+                                            "with hidden_act 'gelu'"):
+            encoder_from_hf(tmp_path)
+
+
+def test_a_checkpoint_in_shards_is_refused_not_an_earlier_file_beside_it(tmp_path):
+    """from_pretrained reads a shard index before a pytorch_model.bin; an index here is refused by name, and the
+    .bin that an earlier save left beside it is not loaded in its place."""
+    transformers = pytest.importorskip("transformers")
+    torch.save(transformers.RemBertForMaskedLM(hf_config(SMALL)).state_dict(), tmp_path / "pytorch_model.bin")
+    transformers.RemBertForMaskedLM(hf_config(SMALL)).save_pretrained(tmp_path, max_shard_size="20KB")
+    assert (tmp_path / "model.safetensors.index.json").exists() and not (tmp_path / "model.safetensors").exists()
+    with pytest.raises(DataError, match="model.safetensors.index.json: a checkpoint in shards, not read here"):
+        from_hf(tmp_path)
+
+
+def test_one_dropout_rate_or_a_warning(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    transformers.RemBertModel(hf_config(SMALL)).save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "attention_probs_dropout_prob": 0.3}))
+    with pytest.warns(UserWarning, match="attention_probs_dropout_prob is not hidden_dropout_prob, used for both"):
+        encoder_from_hf(tmp_path)
+    del hf["attention_probs_dropout_prob"]  # transformers reads it as 0.0, not as hidden_dropout_prob
+    (tmp_path / "config.json").write_text(json.dumps({**hf, "hidden_dropout_prob": 0.1}))
+    with pytest.warns(UserWarning, match="attention_probs_dropout_prob is not hidden_dropout_prob, used for both"):
+        encoder_from_hf(tmp_path)
+
+
+def test_from_hf_names_a_tensor_of_another_shape_or_not_finite(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.RemBertForMaskedLM(hf_config(SMALL))
+    with torch.no_grad():
+        hf.rembert.encoder.layer[1].output.dense.weight[0, 0] = float("nan")  # damaged, or a diverged run's
+    hf.save_pretrained(tmp_path)
+    with pytest.raises(DataError, match=r"encoder.layer.1.output.dense.weight holds NaN or infinite values"):
+        from_hf(tmp_path)
+    hf.config.intermediate_size = 65  # the config now lies about the weights
+    hf.config.to_json_file(tmp_path / "config.json")
+    with pytest.raises(DataError, match="intermediate.dense.weight"):
+        from_hf(tmp_path)
+
+
+# --------------------------------------------------------------------------------------------
+# The embedding variants of the paper
