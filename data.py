@@ -478,13 +478,14 @@ def read_chunk(path, start, stop, size):
                             f"changed while it was read; restore it, or start a new run")
         if start > 0:  # the line holding byte start - 1 belongs to the range before
             f.seek(start - 1)
-            if (end := f.read(stop - start + 1).find(b"\n")) < 0:  # (a long line's middle: not read to its end)
+            raw = f.read(stop - start + 1)  # (read once: the range is what follows that line's end)
+            if (end := raw.find(b"\n")) < 0:  # (a long line's middle: not read to its end)
                 return []
-            f.seek(start + end)
-        begin = f.tell()
+            begin, raw = start + end, raw[end + 1:]
+        else:
+            begin, raw = 0, f.read(stop)
         if begin >= stop:
             return []
-        raw = f.read(stop - begin)
         if not raw.endswith(b"\n"):
             raw += f.readline()  # the last line started before `stop`: it is ours, whole
     try:  # count_lines checked the file when it was counted; it may have changed since
@@ -493,6 +494,8 @@ def read_chunk(path, start, stop, size):
         raise DataError(f"{path}: byte {begin + e.start}: not UTF-8 (changed since its lines were counted?)") from None
     blocks = re.split(r"\n[ \t\r\f\v]*\n[ \t\r\f\v\n]*", "\n" + text)  # at runs of blank lines
     blocks = [block.strip(" \t\n\r\f\v") for block in blocks]  # ASCII blanks, as count_lines counts them
+    if len(text) <= MAX_LINE:  # (no line to cut: the common case, without a call per line)
+        return [block.split("\n") for block in blocks if block]
     return [[part for line in block.split("\n") for part in in_parts(line)] for block in blocks if block]
 
 
