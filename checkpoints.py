@@ -94,8 +94,8 @@ def read_checkpoint_info(path, verify=True):
                 raise DataError(f"{file}: damaged (not a regular file)")
             if verify and sha256(file) != digest:
                 raise DataError(f"{file}: damaged (its SHA-256 is not the one saved with it)")
-        except OSError as e:
-            raise DataError(f"{file}: missing or unreadable ({e.strerror})") from None
+        except (OSError, ValueError) as e:  # (ValueError: a name with a NUL byte or a lone surrogate)
+            raise DataError(f"{file}: missing or unreadable ({getattr(e, 'strerror', None) or e})") from None
     if verify:
         read_metadata(path)
     return info
@@ -112,8 +112,9 @@ def _info_problem(path, info):
         return f"step {info['step']} in the folder of step {int(number[1])}"
     if problem := typed_fields(ModelConfig, info["config"]):
         return f"config: {problem}"
-    if not all(type(info["tokenizer"].get(k)) is str for k in ("path", "sha256")):
-        return "tokenizer: no path and sha256 strings"
+    if not all(type(info["tokenizer"].get(k)) is str for k in ("path", "sha256")) or \
+            not info["tokenizer"]["path"].endswith(".model"):
+        return "tokenizer: no path of a .model file and sha256 strings"
     if not all(type(v) is str for v in info["sha256"].values()) or ".metadata" not in info["sha256"]:
         return "its digest list: no .metadata, or a digest that is no string"
     if extra := sorted({n for n in os.listdir(path) if n != CHECKPOINT_INFO} - info["sha256"].keys()):
@@ -146,6 +147,7 @@ class _MetadataUnpickler(pickle.Unpickler):
                "torch": {"Size"}, "pathlib": {"PosixPath", "PurePosixPath"}, "collections": {"OrderedDict"}}
 
     def find_class(self, module, name):
+        module = "pathlib" if module == "pathlib._local" else module  # (pathlib's module as Python 3.13 names it)
         if name in self.ALLOWED.get(module, ()) or module == "torch" and isinstance(getattr(torch, name, 0),
                                                                                   torch.dtype):
             return super().find_class(module, name)
@@ -170,6 +172,8 @@ def read_metadata(path):
     files = set(os.listdir(path))
     if any(getattr(s, "relative_path", None) not in files for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
+    if any(getattr(s, "transform_descriptors", None) for s in metadata.storage_data.values()):
+        raise DataError(f"{where}: refused: its items are compressed or transformed, as pretrain.py never writes")
     return metadata
 
 
@@ -230,7 +234,10 @@ def claim(out_dir):
     workers do not hold it), held while the returned file is open, gone when the process ends however it ends."""
     import fcntl  # (POSIX only, as is this lock)
     os.makedirs(out_dir, exist_ok=True)
-    lock = open(os.path.join(out_dir, ".lock"), "a")
+    path = os.path.join(out_dir, ".lock")
+    if os.path.lexists(path) and not stat.S_ISREG(os.lstat(path).st_mode):  # (a FIFO would hang the open)
+        raise DataError(f"{path}: not a regular file; remove it")
+    lock = open(path, "a")
     try:
         fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except (BlockingIOError, PermissionError):  # (held elsewhere: EAGAIN or EACCES, by the system)

@@ -242,9 +242,10 @@ def setup_runtime(device="auto", fsdp=False, batch_size=None):
     except ValueError:
         raise DataError("RANK, WORLD_SIZE and LOCAL_RANK are torchrun's (whole numbers): start the processes with "
                         "torchrun --nproc-per-node N") from None
-    if world_size > 1 and not ("MASTER_ADDR" in os.environ and 0 <= rank < world_size):
-        raise DataError(f"WORLD_SIZE={world_size} without torchrun's MASTER_ADDR, or RANK outside it: start the "
-                        f"processes with torchrun --nproc-per-node N")
+    if not 0 <= rank < world_size or "RANK" in os.environ and (world_size > 1 or fsdp) and "MASTER_ADDR" not in \
+            os.environ:
+        raise DataError(f"RANK={rank} and WORLD_SIZE={world_size} without torchrun's MASTER_ADDR, or RANK outside "
+                        f"WORLD_SIZE: start the processes with torchrun --nproc-per-node N")
     torch_device = torch.device("cuda", local_rank) if device == "cuda" else torch.device("cpu")
     if device == "cuda":
         torch.cuda.set_device(torch_device)

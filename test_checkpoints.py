@@ -236,3 +236,15 @@ def test_from_hf_names_a_tensor_of_another_shape_or_not_finite(tmp_path):
 
 # --------------------------------------------------------------------------------------------
 # The embedding variants of the paper
+
+
+def test_metadata_pickled_by_python_3_13_reads_its_paths():
+    """Python 3.13 pickles pathlib's classes as pathlib._local's (the checkpoint library's metadata holds a path):
+    the metadata's unpickler reads them as pathlib's, on any Python."""
+    import io
+    import pathlib
+    import pickle
+    from checkpoints import _MetadataUnpickler
+    data = pickle.dumps(pathlib.PurePosixPath("ckpt"), protocol=2).replace(b"cpathlib\n", b"cpathlib._local\n")
+    assert b"pathlib._local" in data
+    assert _MetadataUnpickler(io.BytesIO(data)).load() == pathlib.PurePosixPath("ckpt")

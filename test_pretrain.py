@@ -697,6 +697,10 @@ def test_checkpoint_json_is_checked_and_a_damaged_checkpoint_is_set_aside_under_
             (p / "checkpoint.json").read_text())["sha256"], "../made.txt": "0"}), "names '../made.txt'"),
         "a digest list naming /dev/zero": (lambda p: rewrite_info(p, sha256={**json.loads(
             (p / "checkpoint.json").read_text())["sha256"], "/dev/zero": "0"}), "names '/dev/zero'"),
+        "a digest list naming a NUL byte": (lambda p: rewrite_info(p, sha256={**json.loads(
+            (p / "checkpoint.json").read_text())["sha256"], "a\0b": "0"}), "missing or unreadable"),
+        "a tokenizer that is no .model": (lambda p: rewrite_info(p, tokenizer={"path": "/etc/hostname",
+                                                                              "sha256": "0"}), "a .model file"),
         "an empty digest list": (lambda p: rewrite_info(p, sha256={}), "no .metadata"),
         "a file not in the list": (lambda p: (p / "extra.bin").write_bytes(b"x"), "extra.bin is in the folder but not"),
         "a shard linked to /dev/zero": (lambda p: ((p / shard).unlink(), (p / shard).symlink_to("/dev/zero")),
@@ -742,11 +746,18 @@ def test_a_full_disk_is_one_line_and_the_checkpoint_before_stays(tokenizer, tmp_
 
 def test_rank_and_world_size_without_torchrun_are_one_line(tokenizer, tmp_path, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
-    for env in ({"RANK": "0", "WORLD_SIZE": "2"}, {"RANK": "0", "WORLD_SIZE": "two"}):
+    for env, flags in (({"RANK": "0", "WORLD_SIZE": "2"}, []), ({"RANK": "0", "WORLD_SIZE": "two"}, []),
+                       ({"RANK": "1"}, []), ({"RANK": "0", "WORLD_SIZE": "1"}, ["--fsdp"])):
+        monkeypatch.delenv("WORLD_SIZE", raising=False)
         for k, v in env.items():
             monkeypatch.setenv(k, v)
         with pytest.raises(DataError, match="start the processes with torchrun"):
-            run(tokenizer, tmp_path, "--steps", "2")
+            run(tokenizer, tmp_path, "--steps", "2", *flags)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    os.mkfifo(tmp_path / ".lock")  # an --out-dir's lock that would hang the run: named instead
+    with pytest.raises(DataError, match=r"\.lock: not a regular file"):
+        run(tokenizer, tmp_path, "--steps", "2")
 
 
 def two_processes(tokenizer, out_dir, *extra):
