@@ -28,8 +28,8 @@ script leaves them.
 
 A run already in --out-dir's results.json is not run again, so seeds can be added to some models later:
 --seeds 4 --models "E_out 16" asks for seeds 0 to 3 of E_out 16 and runs those not yet there. results/
-holds the cpu preset's 2 seeds of every model and 4 of the E_out trio (whose 16 -> 64 step in accuracy is
-within the spread of 2 seeds), the trio's seeds 2 and 3 added by 6 runs (of the first command's 14):
+holds the cpu preset's 2 seeds of every model and 4 of the E_out trio (on 2 seeds its 16 -> 64 step in
+accuracy was beyond the spread with some seeds, within it with others), seeds 2 and 3 added by 6 runs:
 
   mkdir -p out/reproduce && cp results/results.json out/reproduce/
   python reproduce.py --seeds 4 --models "E_out 16" "E_out 64" "E_out 256"
@@ -227,7 +227,7 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
                 scores = [evaluate.mlm_accuracy(from_checkpoint(path).to(cfg.device), heldout, cfg.device)
                           for path in checkpoints]
                 write_json(curve, [[int(os.path.basename(path)[5:]) * p.batch_size * p.seq_len, s["loss"],
-                                         s["accuracy"]] for path, s in zip(checkpoints, scores)])
+                                    s["accuracy"]] for path, s in zip(checkpoints, scores)])
             result["curve"] = evaluate.read_json(curve)
             for path in checkpoints[:-1]:  # (scored: only the last is fine-tuned)
                 shutil.rmtree(path)
@@ -430,7 +430,7 @@ def main(argv=None):
             results.setdefault(name, {})[str(seed)] = run
             elapsed = time.time() - started
             write_json(results_path, {"setup": setup, "baselines": baselines, "results": results,
-                                           "seconds": elapsed})
+                                      "seconds": elapsed})
             print(f"[{done}/{len(jobs)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
                   f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min",
                   flush=True)
