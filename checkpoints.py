@@ -90,12 +90,14 @@ def read_checkpoint_info(path, verify=True):
         raise DataError(f"{info_path}: damaged or not pretrain.py's ({problem})")
     for file, digest in sorted((os.path.join(path, name), digest) for name, digest in info["sha256"].items()):
         try:
-            if not stat.S_ISREG(os.lstat(file).st_mode):  # (a link, a FIFO: never opened)
-                raise DataError(f"{file}: damaged (not a regular file)")
-            if verify and sha256(file) != digest:
-                raise DataError(f"{file}: damaged (its SHA-256 is not the one saved with it)")
+            regular = stat.S_ISREG(os.lstat(file).st_mode)  # (a link, a FIFO: never opened)
+            found = sha256(file) if verify and regular else digest
         except (OSError, ValueError) as e:  # (ValueError: a name with a NUL byte or a lone surrogate)
             raise DataError(f"{file}: missing or unreadable ({getattr(e, 'strerror', None) or e})") from None
+        if not regular:
+            raise DataError(f"{file}: damaged (not a regular file)")
+        if found != digest:
+            raise DataError(f"{file}: damaged (its SHA-256 is not the one saved with it)")
     if verify:
         read_metadata(path)
     return info

@@ -57,7 +57,7 @@ import evaluate
 import finetune
 import pretrain
 from configs import GIVEN, MBERT, at_least, check_flags, flag, parse_command_line, resolve_device, run_script
-from checkpoints import DataError, checkpoint_paths, from_checkpoint, save_hf, write_json
+from checkpoints import DataError, checkpoint_paths, from_checkpoint, remove, save_hf, write_json
 from model import Encoder, count_parameters
 
 REPO = Path(__file__).resolve().parent
@@ -230,7 +230,7 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
                                     s["accuracy"]] for path, s in zip(checkpoints, scores)])
             result["curve"] = evaluate.read_json(curve)
             for path in checkpoints[:-1]:  # (scored: only the last is fine-tuned)
-                shutil.rmtree(path)
+                remove(path)  # (a folder, or the link to one moved to another disk)
             init, tokenizer = checkpoints[-1], data.Tokenizer(tokenizer_file)
             pairs = evaluate.read_parallel(*(os.path.join(cfg.xquad, f"xquad.{lang}.json") for lang in ("en", "de")))
             source, target = ([tokenizer.encode(t) for t in side[:p.probe_pairs or None]] for side in pairs)
