@@ -2,12 +2,9 @@
 saving, rotating and resuming a run's own) and transformers' RemBERT layout both ways (the released checkpoint
 reads with `from_hf`). model.py holds the method; this file holds what is written to disk and read back.
 
-A checkpoint directory is data, never code. pretrain.py writes ckpt-STEP/ (8 digits): the weights and AdamW's
-state in torch.distributed.checkpoint's format (tensors, resharded onto any number of processes), every process's
-loader and random state as tensors and JSON (train_state.safetensors), and last checkpoint.json: the configs, the
-step, the tokenizer and every file's SHA-256. Before anything is read, checkpoint.json's fields are checked by type,
-its step against the folder's, its digest list against the folder's regular files, each file against its digest,
-and torch.distributed.checkpoint's pickled metadata is read by an unpickler that admits its own classes alone.
+A checkpoint directory is data, never code: pretrain.py's ckpt-STEP/ (8 digits, as `save_checkpoint` writes it)
+is read only after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler
+that admits the checkpoint library's own classes alone.
 """
 
 import errno
@@ -129,8 +126,7 @@ def _info_problem(path, info):
 def typed_fields(cls, values):
     """What keeps the dict `values` from being exactly the fields of the dataclass `cls`, each of its type (JSON's
     integer is a float too), or None."""
-    names = [f.name for f in fields(cls)]
-    if not isinstance(values, dict) or sorted(values) != sorted(names):
+    if not isinstance(values, dict) or sorted(values) != sorted(f.name for f in fields(cls)):
         return f"not the fields of {cls.__name__}"
     for f in fields(cls):
         value = values[f.name]
@@ -323,9 +319,9 @@ def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, 
         try:
             write_train_state(train_state, os.path.join(path, TRAIN_STATE))
             write_json(os.path.join(path, CHECKPOINT_INFO), {
-                "step": step, "config": asdict(model_config), "train_config": asdict(cfg), "processes":
-                runtime.world_size, "tokenizer": {"path": os.path.abspath(tokenizer.model_file),
-                                                  "sha256": tokenizer.sha256},
+                "step": step, "config": asdict(model_config), "train_config": asdict(cfg),
+                "processes": runtime.world_size,
+                "tokenizer": {"path": os.path.abspath(tokenizer.model_file), "sha256": tokenizer.sha256},
                 "sha256": {name: sha256(os.path.join(path, name)) for name in sorted(os.listdir(path))}})
         except Exception as e:  # (safetensors' own errors name no file)
             raise save_error(path, e) from None
@@ -390,12 +386,16 @@ _HF_LAYER = {"attention.query": "attention.self.query", "attention.key": "attent
              "attention.value": "attention.self.value", "attention.out": "attention.output.dense",
              "attention_norm": "attention.output.LayerNorm", "intermediate": "intermediate.dense",
              "output": "output.dense", "output_norm": "output.LayerNorm"}
-_HF_HEAD = {"dense": "dense", "norm": "LayerNorm", "decoder": "decoder"}
+_HF_HEAD = {"head.dense": "cls.predictions.dense", "head.norm": "cls.predictions.LayerNorm",
+            "head.decoder": "cls.predictions.decoder"}  # (a task model's head keeps its names)
 _HF_CONFIG = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_layers": "num_hidden_layers",
               "num_heads": "num_attention_heads", "intermediate_size": "intermediate_size",
               "input_embedding_size": "input_embedding_size", "output_embedding_size": "output_embedding_size",
               "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
               "layer_norm_eps": "layer_norm_eps", "dropout": "hidden_dropout_prob"}
+_HF_ARCHITECTURES = {MaskedLM: "RemBertForMaskedLM", Encoder: "RemBertModel",
+                     SequenceClassifier: "RemBertForSequenceClassification",
+                     TokenClassifier: "RemBertForTokenClassification", SpanExtractor: "RemBertForQuestionAnswering"}
 # Where a directory keeps its weights, in the order from_pretrained looks (an index names the shards of one).
 _HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -413,30 +413,57 @@ def hf_name(name, table=_HF_ENCODER):
 def from_hf(path):
     """The MaskedLM of a RemBERT directory in the Hugging Face layout, as `save_pretrained` writes it (e.g.
     google/rembert, its weights in one file). The released checkpoint has no MLM head: ours stays as initialised."""
-    config, state = _read_hf(path)
-    model = MaskedLM(config)
-    _load_hf_encoder(model.encoder, state, path)
-    head = {name: "cls.predictions." + hf_name(name, _HF_HEAD) for name in model.head.state_dict()}
-    if config.tie_embeddings and head["decoder.weight"] not in state:  # transformers 4 saves a tied matrix once
-        del head["decoder.weight"]
-    if any(hf in state for hf in head.values()):  # a head, then all of it: _copy_tensors names what is missing
-        _copy_tensors(model.head, state, head, path)  # (tied: into the input embedding too, checked next)
-        if config.tie_embeddings and not torch.equal(model.head.decoder.weight,
-                                                     state["embeddings.word_embeddings.weight"]):
-            raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
-                            f"differs from its input embedding")
-    else:
-        warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
-    return model
+    return _from_hf(path, MaskedLM)
 
 
 def encoder_from_hf(path):
     """The Encoder of a Hugging Face RemBERT directory (see `from_hf`)."""
+    return _from_hf(path, Encoder)
+
+
+def _from_hf(path, cls):
+    """A `cls` (MaskedLM or Encoder) with the weights of a Hugging Face RemBERT directory, each checked: there, of the
+    shape, finite. A pooler (RemBertForMaskedLM saves none) or MLM head that is not there keeps its initialisation."""
     config, state = _read_hf(path)
-    encoder = Encoder(config)
-    if not _load_hf_encoder(encoder, state, path):
-        warnings.warn(f"{path} has no pooler: it keeps its fresh initialisation")
-    return encoder
+    model = cls(config)
+    encoder, prefix = (model, "") if cls is Encoder else (model.encoder, "encoder.")
+    names = {prefix + name: hf_name(name) for name in encoder.state_dict()}
+    if unused := sorted(k for k in state if k.startswith("encoder.layer.") and k not in names.values()):
+        raise DataError(f"{path}: config.json says {config.num_layers} layers, but it also holds {unused[0]}")
+    if "pooler.dense.weight" not in state:  # as transformers does: the pooler keeps its initialisation
+        names = {ours: theirs for ours, theirs in names.items() if not theirs.startswith("pooler.")}
+        if cls is Encoder:  # (the MLM uses no pooler)
+            warnings.warn(f"{path} has no pooler: it keeps its fresh initialisation")
+    if config.input_embedding_size == config.hidden_size:
+        # transformers always projects E_in to H, this model not when E_in == H: the same only for the identity.
+        H = config.hidden_size
+        weight, bias = (state.get(hf_name(f"embedding_projection.{p}"), torch.empty(0)) for p in ("weight", "bias"))
+        if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
+            raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
+                            f"the identity; this implementation has no projection when E_in == H")
+    if cls is MaskedLM:
+        head = {name: hf_name(name, _HF_HEAD) for name in model.state_dict() if name.startswith("head.")}
+        if config.tie_embeddings and head["head.decoder.weight"] not in state:  # transformers 4 saves it once
+            del head["head.decoder.weight"]
+        if any(hf in state for hf in head.values()):  # a head, then all of it (tied: into the input embedding too)
+            names |= head
+        else:
+            warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
+    own = model.state_dict()  # (detached: copied into in place, without autograd)
+    for ours, theirs in names.items():
+        if theirs not in state:
+            raise DataError(f"{path}: the checkpoint has no {theirs}")
+        if state[theirs].shape != own[ours].shape:
+            raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
+                            f"{ours} needs {tuple(own[ours].shape)}")
+        if not state[theirs].isfinite().all():  # a damaged or diverged model: no use to train or measure
+            raise DataError(f"{path}: {theirs} holds NaN or infinite values")
+        own[ours].copy_(state[theirs])
+    if cls is MaskedLM and config.tie_embeddings and not torch.equal(model.head.decoder.weight,
+                                                                     state["embeddings.word_embeddings.weight"]):
+        raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
+                        f"differs from its input embedding")
+    return model
 
 
 def _read_hf(path):
@@ -469,69 +496,31 @@ def _read_hf(path):
     return config, {k.removeprefix("rembert."): v for k, v in state.items()}
 
 
-def _copy_tensors(module, state, names, path):
-    own = module.state_dict()
-    with torch.no_grad():
-        for ours, theirs in names.items():
-            if theirs not in state:
-                raise DataError(f"{path}: the checkpoint has no {theirs}")
-            if state[theirs].shape != own[ours].shape:
-                raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
-                                f"{ours} needs {tuple(own[ours].shape)}")
-            if not state[theirs].isfinite().all():  # a damaged or diverged model: no use to train or measure
-                raise DataError(f"{path}: {theirs} holds NaN or infinite values")
-            own[ours].copy_(state[theirs])
-
-
-def _load_hf_encoder(encoder, state, path):
-    """Copy the encoder's tensors; the pooler (RemBertForMaskedLM saves none) may be absent: returns whether."""
-    names = {name: hf_name(name) for name in encoder.state_dict()}
-    if unused := sorted(k for k in state if k.startswith("encoder.layer.") and k not in names.values()):
-        raise DataError(f"{path}: config.json says {encoder.config.num_layers} layers, but it also holds {unused[0]}")
-    pooler = "pooler.dense.weight" in state
-    if not pooler:  # as transformers does: the pooler keeps its initialisation
-        names = {ours: theirs for ours, theirs in names.items() if not ours.startswith("pooler.")}
-    if encoder.config.input_embedding_size == encoder.config.hidden_size:
-        # transformers always projects E_in to H, this model not when E_in == H: the same only for the identity.
-        H = encoder.config.hidden_size
-        weight, bias = (state.get(hf_name(f"embedding_projection.{p}"), torch.empty(0)) for p in ("weight", "bias"))
-        if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
-            raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
-                            f"the identity; this implementation has no projection when E_in == H")
-    _copy_tensors(encoder, state, names, path)
-    return pooler
-
-
 def save_hf(model, path):
     """Write `model` as transformers' RemBERT (config.json, model.safetensors): a MaskedLM as RemBertForMaskedLM (its
     pre-training-only layers have no place there: refused), an Encoder as RemBertModel, a task model as RemBertFor..."""
     from safetensors.torch import save_file
-    if isinstance(model, MaskedLM):
-        if model.config.pretraining_only_layers:
-            raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; export model.encoder")
-        architecture, encoder, prefix = "RemBertForMaskedLM", model.encoder, "rembert."
-        extra = {"cls.predictions." + hf_name(name, _HF_HEAD): t for name, t in model.head.state_dict().items()}
-    elif isinstance(model, Encoder):
-        architecture, encoder, prefix, extra = "RemBertModel", model, "", {}
-    elif task := {SequenceClassifier: "SequenceClassification", TokenClassifier: "TokenClassification",
-                  SpanExtractor: "QuestionAnswering"}.get(type(model)):
-        architecture, encoder, prefix = f"RemBertFor{task}", model.encoder, "rembert."
-        extra = {name: t for name, t in model.state_dict().items() if not name.startswith("encoder.")}  # the head
-    else:
+    if type(model) not in _HF_ARCHITECTURES:
         raise TypeError(f"save_hf cannot export a {type(model).__name__}")
+    if isinstance(model, MaskedLM) and model.config.pretraining_only_layers:
+        raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; export model.encoder")
+    encoder, prefix = (model, "") if isinstance(model, Encoder) else (model.encoder, "rembert.")
     config = encoder.config
-    state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()} | extra
+    state = {prefix + hf_name(name): t for name, t in encoder.state_dict().items()}
+    if encoder is not model:  # its head: an MLM head in transformers' names, a task model's in its own
+        state |= {hf_name(name, _HF_HEAD): t for name, t in model.state_dict().items()
+                  if not name.startswith("encoder.")}
     if config.input_embedding_size == config.hidden_size:  # transformers always projects: the identity
         state[prefix + hf_name("embedding_projection.weight")] = torch.eye(config.hidden_size)
         state[prefix + hf_name("embedding_projection.bias")] = torch.zeros(config.hidden_size)
     hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
-    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu", pad_token_id=0,
-                     tie_word_embeddings=config.tie_embeddings, attention_probs_dropout_prob=config.dropout)
+    hf_config.update(architectures=[_HF_ARCHITECTURES[type(model)]], model_type="rembert", hidden_act="gelu",
+                     pad_token_id=0, tie_word_embeddings=config.tie_embeddings,
+                     attention_probs_dropout_prob=config.dropout)
     if isinstance(model, (SequenceClassifier, TokenClassifier)):
         hf_config["num_labels"] = model.classifier.out_features
     os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(hf_config, f, indent=2)
+    write_json(os.path.join(path, "config.json"), hf_config)
     # Clones: a tied output embedding is its own tensor in the file (safetensors refuses shared memory).
     try:
         save_file({name: t.detach().cpu().clone() for name, t in state.items()},

@@ -3,27 +3,22 @@ multilingual masked-LM stream of pre-training (mBERT's input, after google-resea
 and the readers of the XTREME task files.
 
 MLMLoader yields batches forever (input_ids, token_type_ids, attention_mask (B, T); masked_positions, masked_ids,
-masked_weights (B, P)), with an exact state_dict() / load_state_dict(). Its data: a file, a directory of *.txt or a
-list of them; UTF-8 text, one sentence per line, a blank line between documents; a file's language is its name up to
-the first dot (en.2.txt).
-  * Streams. Row b of micro-batch a of process `rank`, made by DataLoader worker w, is stream s = w * G +
-    (a * world_size + rank) * batch_size + b of S = max(num_workers, 1) * G (G = batch_size * grad_accum * world_size,
-    the global batch); it reads the lines that start in bytes [s/S, (s+1)/S) of every file (disjoint shares, the
-    whole corpus). A step does not depend on how processes and accumulation split the global batch: a run resumes on
-    any such split.
-  * Languages: each row is one, drawn with p_l ∝ n_l^alpha (n_l: its lines, counted at the start with each file's
-    SHA-256). A share used up repeats, reshuffled: alpha < 1 upsamples.
+masked_weights (B, P)), with an exact state_dict(). Its data: a file, a directory of *.txt or a list of them; UTF-8,
+one sentence per line, a blank line between documents; a file's language is its name up to the first dot (en.2.txt).
+  * Streams: row b of micro-batch a of process `rank`, made by DataLoader worker w, is stream s = w * G + (a *
+    world_size + rank) * batch_size + b of S = max(num_workers, 1) * G (G: the global batch). It reads the lines that
+    start in bytes [s/S, (s+1)/S) of every file, so a run resumes on any split of G over processes and accumulation.
+  * Languages: each row is one, drawn with p_l ∝ n_l^alpha (n_l: its lines); a share used up repeats, reshuffled.
   * Shuffling, bounded: each pass, a share's chunks of `shuffle_bytes` and a chunk's documents in a random order.
-  * Packing: [CLS] + the language's next pieces + [SEP], filled to seq_len across lines and documents (RoBERTa's
-    FULL-SENTENCES); a long line goes on in the language's next row. Every row is full.
-  * Masking (create_pretraining_data.py): 15% of the pieces, at most max_predictions, never [CLS]/[SEP]; of those
-    80% [MASK], 10% a random ordinary piece, 10% unchanged.
-  * Memory is flat: a stream keeps its last few chunks and a few ints per language. Every draw is a function of the
-    seed and a position: restored, with or without workers, a loader yields exactly the uninterrupted one's batches.
+  * Packing: [CLS] + the language's next pieces + [SEP], every row full (RoBERTa's FULL-SENTENCES). Masking, BERT's:
+    15% of the pieces (at most max_predictions, never [CLS]/[SEP]): 80% [MASK], 10% a random piece, 10% unchanged.
+  * Memory is flat, and every draw a function of the seed and a position: restored, with or without workers, a loader
+    yields exactly the uninterrupted one's batches.
 """
 
 import collections
 import csv
+import fileinput
 import functools
 import glob
 import hashlib
@@ -68,8 +63,7 @@ class Tokenizer:
             self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
         except (RuntimeError, OSError) as e:
             raise DataError(f"{self.model_file}: not a SentencePiece model ({e})") from None
-        self.vocab_size = self.sp.get_piece_size()
-        self.unk_id = self.sp.unk_id()
+        self.vocab_size, self.unk_id = self.sp.get_piece_size(), self.sp.unk_id()
         ids = []
         for piece, fallback in ((PAD, self.sp.pad_id()), (CLS, -1), (SEP, -1), (MASK, -1)):
             i = self.sp.piece_to_id(piece)  # (unk_id for a piece it does not have)
@@ -94,8 +88,8 @@ class Tokenizer:
 
     def encode_with_offsets(self, text):
         """(ids, [(start, end)]): each piece's characters in `text` itself, through SentencePiece's normalization
-        (NFKC, collapsed whitespace). A span never starts or ends with a blank (a word start's "▁" is not counted); a
-        lone "▁" has an empty span, as have all but the last of a character's several pieces (bytes; "…" -> "...")."""
+        (NFKC, collapsed whitespace). A span never starts or ends with a blank (a word start's "▁" is not counted);
+        a lone "▁" has an empty span, as have all but the last of a character's pieces (bytes; "…" -> "...")."""
         out = self.sp.encode(text, return_type="offset_mapping")
         offsets = []
         for start, end in out["offsets"]:
@@ -131,11 +125,10 @@ def tokenizer_for(model_path, tokenizer_file=""):
 
 
 def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_000_000, seed=0):
-    """Train a unigram SentencePiece model on text sampled across languages with p_l ∝ n_l^alpha: language l
-    contributes round(M * p_l) lines (M = all lines, at most max_sentences), drawn at random from its files
-    (repeated when it has fewer). Returns the .model path. The vocabulary is a soft limit: a corpus too small
-    for vocab_size gives fewer pieces. 256 pieces are the bytes that rare characters fall back to; when the
-    rest cannot hold every character of the sample, only the most frequent ones get pieces of their own."""
+    """Train a unigram SentencePiece model (returns the .model path) on lines sampled with p_l ∝ n_l^alpha: language
+    l gives round(M * p_l) lines (M: all lines, at most max_sentences), drawn at random from its files (repeated when
+    it has fewer). vocab_size is a soft limit (a small corpus gives fewer pieces); 256 pieces are bytes that rare
+    characters fall back to, and when the rest cannot hold every character, only the most frequent get their own."""
     langs = corpus_files(files)
     lines = line_counts([p for paths in langs.values() for p in paths])
     counts = {lang: sum(lines[p][0] for p in paths) for lang, paths in langs.items()}
@@ -148,17 +141,15 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
         with open(sample, "w", encoding="utf-8") as out:
             for (lang, paths), p in zip(langs.items(), sampling_probabilities(counts, alpha).values()):
                 repeats, rest = divmod(max(1, round(total * p)), counts[lang])
-                reservoir, seen = [], 0  # Algorithm R: a uniform sample of `rest` lines, one pass
-                for path in paths:
-                    with open(path, encoding="utf-8-sig") as f:
-                        for line in filter(None, (line.strip() for line in f)):
-                            out.write("".join(part + "\n" for part in in_parts(line)) * repeats)
-                            chars.update(line * repeats)
-                            seen += 1
-                            if len(reservoir) < rest:
-                                reservoir.append(line)
-                            elif (j := rng.randrange(seen)) < rest:
-                                reservoir[j] = line
+                reservoir = []  # Algorithm R: a uniform sample of `rest` lines, one pass
+                with fileinput.FileInput(paths, encoding="utf-8-sig") as f:  # (each file's byte order mark dropped)
+                    for seen, line in enumerate(filter(None, (line.strip() for line in f)), 1):
+                        out.write("".join(part + "\n" for part in in_parts(line)) * repeats)
+                        chars.update(line * repeats)
+                        if len(reservoir) < rest:
+                            reservoir.append(line)
+                        elif (j := rng.randrange(seen)) < rest:
+                            reservoir[j] = line
                 out.writelines(part + "\n" for line in reservoir for part in in_parts(line))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
@@ -207,8 +198,6 @@ def mask_tokens(ids, rng, tokenizer, max_predictions, masked_lm_prob=0.15):
 # Where a stream is in one language's share (a few ints per stream and language: the loader's state).
 READER = np.dtype([(name, np.int64) for name in ("pass", "chunk", "doc", "line", "token", "any", "borrow")])
 CACHED = 8  # chunks (and chunk orders) a stream keeps in memory, however many languages there are
-
-
 # What every stream needs, the same in every process (picklable for DataLoader workers): [(language, [paths])],
 # sorted; the languages' cumulative probabilities; {path: bytes}; the number of streams S; and the loader's settings.
 _Corpus = collections.namedtuple("_Corpus", "langs cdf sizes streams seed shuffle_bytes")
@@ -370,8 +359,8 @@ class MLMLoader:
         saved = states[0].get("fingerprint", {})
         differ = [f"{key} {saved.get(key)!r} then, {value!r} now" for key, value in self._fingerprint.items()
                   if key != "files" and saved.get(key) != value]
-        if files := [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"])
-                     if a != b]:
+        files = [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"]) if a != b]
+        if files:  # the first that differs
             differ.append(f"the corpus files (language, name, size, lines, SHA-256) {files[0][0]} then, "
                           f"{files[0][1]} now")
         if differ:
@@ -420,8 +409,7 @@ def corpus_files(data):
             if os.path.basename(p).startswith("."):
                 raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")
             if p.endswith((".gz", ".bz2", ".xz", ".zst")):
-                raise DataError(f"{p}: a compressed file, which a stream cannot seek into for its share; "
-                                f"decompress it first")
+                raise DataError(f"{p}: a compressed file, which a stream cannot seek into for its share; decompress it")
             if p.endswith((".json", ".jsonl")):  # (mC4's and other corpora's form: their text is in a field)
                 raise DataError(f"{p}: a JSON file; a corpus is plain text, one sentence per line")
             if not os.path.isfile(p):
@@ -433,8 +421,7 @@ def corpus_files(data):
 
 
 def count_lines(path):
-    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that also checks it: text (UTF-8, no NUL
-    byte) with at least one non-blank line. A bad byte is reported with its line number."""
+    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that checks it is text: UTF-8, no NUL."""
     lines = blank = size = 0
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -469,9 +456,8 @@ def line_counts(paths):
 
 def read_chunk(path, start, stop, size):
     """The lines of a file of `size` bytes that start in bytes [start, stop), as documents (lists of lines, split at
-    blank lines; a document crossing `start` or `stop` is cut there; a line longer than MAX_LINE characters is read as
-    several). Every line belongs to exactly one range of a partition of [0, size), so byte ranges shard a file with
-    no line lost or repeated."""
+    blank lines; a document crossing `start` or `stop` is cut there; a line over MAX_LINE characters is read as
+    several): the ranges of a partition of [0, size) shard a file with no line lost or repeated."""
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size != size:  # (the shares and the saved state are of that size)
             raise DataError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} when this run counted its lines: "
@@ -545,12 +531,11 @@ def read_text(path):
     with open(path, "rb") as f:
         raw = f.read()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
     except UnicodeDecodeError as e:
         raise DataError(f"{path}:{raw.count(NEWLINE, 0, e.start) + 1}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
     if not text.strip():
         raise DataError(f"{path}: empty file")
-    text = text.removeprefix("\ufeff").replace("\r\n", "\n")
     if (cr := text.find("\r")) >= 0:  # old Mac line endings: the whole file would be one line
         raise DataError(f"{path}:{text.count(chr(10), 0, cr) + 1}: a carriage return without a line feed")
     return text
@@ -614,14 +599,10 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
     when all tokens share one such prefix, it is removed."""
     lines = read_text(path).split("\n")
     width = 2 if labelled or any("\t" in line for line in lines) else 1  # a label on any line: on every line
-    sentences, current = [], []
-    for number, line in enumerate(lines + [""], 1):  # (a blank line last ends the last sentence)
-        if not line.strip(" \t"):  # (a token may be U+00A0 or U+3000, which str.strip() would remove)
-            if current:
-                sentences.append(current)
-                current = []
-            continue
-        fields = line.split("\t")
+    # The sentences: runs of lines not blank (a token may be U+00A0 or U+3000, which str.strip() would remove).
+    runs = itertools.groupby(enumerate(lines, 1), key=lambda numbered: numbered[1].strip(" \t") != "")
+    sentences = [[(number, line.split("\t")) for number, line in run] for filled, run in runs if filled]
+    for number, fields in itertools.chain(*sentences):
         if len(fields) != width or not fields[0]:
             found = "an empty token" if len(fields) == width else f"{len(fields)} tab-separated fields"
             raise DataError(f"{path}:{number}: {found}; expected {'token<TAB>label' if width == 2 else 'a token'}")
@@ -630,9 +611,6 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
                             f"per line{' and its label' if width == 2 else ''}")
         if labels is not None and width == 2:
             check_label(fields[1], labels, f"{path}:{number}")
-        current.append((number, fields))
-    if not sentences:
-        raise DataError(f"{path}: no sentences")
     prefixes = {(re.match(r"[a-z]{2,3}:", f[0]) or [None])[0] for s in sentences for _, f in s}
     cut = len(next(iter(prefixes))) if len(prefixes) == 1 and None not in prefixes else 0
     return [TaggingExample([f[0][cut:] for _, f in s], [f[1] for _, f in s] if width == 2 else None,
@@ -667,9 +645,8 @@ def read_squad(path, check_answers=True):
                 _expect(isinstance(answers := qa.get("answers", []), list), where, '"answers" list')
                 for answer in answers:
                     start = answer.get("answer_start") if isinstance(answer, dict) else None
-                    _expect(isinstance(start, int) and not isinstance(start, bool) and start >= 0
-                            and isinstance(answer.get("text"), str), where,
-                            'answers of {"text": string, "answer_start": integer >= 0}')
+                    _expect(type(start) is int and start >= 0 and isinstance(answer.get("text"), str), where,
+                            'answers of {"text": string, "answer_start": integer >= 0}')  # (True is no integer)
                     found = context[start:start + len(answer["text"])]
                     if check_answers and found != answer["text"]:
                         raise DataError(f"{where}: answer {answer['text']!r} is not at answer_start {start} of "

@@ -106,8 +106,6 @@ def qa_scores(dataset, predictions, lang=None):
         raise DataError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
     normalize = squad_normalize if lang is None else (lambda text: mlqa_normalize(text, lang))
     qas = [qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
-    if not qas:
-        raise DataError("the gold dataset has no questions")
     exact_match = f1 = unanswered = 0
     for qa in qas:
         if qa["id"] not in predictions:
@@ -238,10 +236,9 @@ def score_files(task, gold_path, predictions_path, lang=None):
         if len(gold) != len(predicted):
             raise DataError(f"{gold_path} has {len(gold)} examples but {predictions_path} has {len(predicted)} labels")
         result = task_scores(task, gold, predicted)
-        if gold[0].language:
-            result["languages"] = {lang: accuracy(*zip(*[(e.label, p) for e, p in zip(gold, predicted)
-                                                         if e.language == lang]))["accuracy"]
-                                   for lang in sorted({e.language for e in gold})}
+        for lang in sorted({e.language for e in gold if e.language}):
+            pairs = [(e.label, p) for e, p in zip(gold, predicted) if e.language == lang]
+            result.setdefault("languages", {})[lang] = accuracy(*zip(*pairs))["accuracy"]
         return result
     if task in TAGGING_LABELS:
         gold, predicted = (data.read_tagging(path, TAGGING_LABELS[task], labelled=True, spaces=task != "panx")
@@ -296,21 +293,18 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
         raise DataError(f"sentence {[bool(ids) for ids in sentences].index(False)} has no tokens")
     encoder.eval()
     batch_size = min(batch_size, len(sentences))  # (padding to a larger batch would be work for nothing)
+    padded = sentences + [sentences[0]] * (-len(sentences) % batch_size)  # full batches: one shape for every step
+    input_ids = torch.tensor([[cls_id, *ids, sep_id] + [pad_id] * (max_len - len(ids) - 2) for ids in padded])
+    attention_mask = torch.tensor([[1] * (len(ids) + 2) + [0] * (max_len - len(ids) - 2) for ids in padded])
+    own = torch.tensor([[0.0] + [1.0] * len(ids) + [0.0] * (max_len - len(ids) - 1) for ids in padded])  # (N, T)
     per_batch = []
     with torch.no_grad():
-        for start in range(0, len(sentences), batch_size):
-            chunk = sentences[start:start + batch_size]
-            real = len(chunk)
-            chunk += [chunk[0]] * (batch_size - real)  # a full batch: one shape for every step
-            rows = [[cls_id, *ids, sep_id] for ids in chunk]
-            input_ids = torch.tensor([row + [pad_id] * (max_len - len(row)) for row in rows])
-            attention_mask = torch.tensor([[1] * len(row) + [0] * (max_len - len(row)) for row in rows])
-            tokens = torch.tensor([[0] + [1] * len(ids) + [0] * (max_len - len(ids) - 1) for ids in chunk])
-            _, states = encoder(input_ids.to(device), attention_mask=attention_mask.to(device),
-                                output_hidden_states=True)
-            tokens = tokens.to(device).unsqueeze(-1).float()  # the sentence's own tokens: 1, (B, T, 1)
-            per_batch.append([((h.float() * tokens).sum(1) / tokens.sum(1))[:real].cpu() for h in states])
-    return [torch.cat(layer) for layer in zip(*per_batch)]
+        for ids, mask, weights in zip(input_ids.split(batch_size), attention_mask.split(batch_size),
+                                      own.split(batch_size)):
+            _, states = encoder(ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
+            weights = weights.to(device).unsqueeze(-1)  # the sentence's own tokens: 1, (B, T, 1)
+            per_batch.append([((h.float() * weights).sum(1) / weights.sum(1)).cpu() for h in states])
+    return [torch.cat(layer)[:len(sentences)] for layer in zip(*per_batch)]
 
 
 def translation_accuracy(source, target, fit, test, same=None):

@@ -1,6 +1,5 @@
-r"""Fine-tuning RemBERT on the XTREME tasks of the paper with zero-shot cross-lingual transfer
-(Section 3, "Tasks"; Tables 2-7): fine-tune on English training data only, then evaluate every
-target language with the same model, and report each language and the average.
+r"""Fine-tuning RemBERT on the paper's XTREME tasks with zero-shot cross-lingual transfer (Section 3, "Tasks";
+Tables 2-7): train on English data only, evaluate every target language with the same model, report each and the mean.
 
 Tasks: sentence pairs (xnli, pawsx), tagging (panx, udpos) and extractive QA (xquad, mlqa, tydiqa, with
 google-research/bert's run_squad.py features and n-best decoding). A pretrain.py checkpoint loses its
@@ -153,10 +152,13 @@ class PredictConfig:
 def to_tensors(features, seq_len, pad_id):
     """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
     "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
-    features = [{**f, "attention_mask": [1] * len(f["input_ids"])} for f in features]
     pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
-    return {key: torch.tensor([f[key] + [pads.get(key, -100)] * (seq_len - len(f[key])) if isinstance(f[key], list)
-                               else f[key] for f in features]) for key in features[0]}
+    for f in features:
+        f["attention_mask"] = [1] * len(f["input_ids"])
+        for key, values in f.items():
+            if isinstance(values, list):  # one per position, padded to seq_len
+                values += [pads.get(key, -100)] * (seq_len - len(values))
+    return {key: torch.tensor([f[key] for f in features]) for key in features[0]}
 
 
 def pair_features(tokenizer, examples, labels, seq_len):
@@ -209,9 +211,7 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
     for index, e in enumerate(examples):
         question = tokenizer.encode(e.question)[:max_query_length]
         context_ids, offsets = tokenizer.encode_with_offsets(e.context)
-        room = seq_len - len(question) - 3
-        if room < 1:
-            raise DataError(f"{e.source}: seq_len {seq_len} leaves no room for the context")
+        room = seq_len - len(question) - 3  # >= 1: FinetuneConfig saw to it
         if training:  # (read_examples saw to an answer)
             start_char = e.answers[0]["answer_start"]
             end_char = start_char + len(e.answers[0]["text"])
@@ -232,20 +232,18 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
             shift = len(question) + 2  # position of the window's first piece
             feature = {"input_ids": ids, "token_type_ids": [0] * shift + [1] * (w_len + 1)}
             if training:
-                inside = w_start <= first and last < w_start + w_len and first <= last
+                inside = w_start <= first and last < w_start + w_len
                 feature["start_positions"] = first - w_start + shift if inside else 0
                 feature["end_positions"] = last - w_start + shift if inside else 0
             features.append(feature)
-            max_context = [shift <= k < shift + w_len
-                           and _is_max_context(windows, (w_start, w_len), w_start + k - shift) for k in range(len(ids))]
+            max_context = [_is_max_context(windows, (w_start, w_len), w_start + k) for k in range(w_len)]
             meta.append({"example": index, "offsets": [None] * shift + offsets[w_start:w_start + w_len] + [None],
-                         "max_context": max_context})
+                         "max_context": [False] * shift + max_context + [False]})
     return to_tensors(features, seq_len, tokenizer.pad_id), meta
 
 
 def _is_max_context(windows, window, position):
-    """run_squad.py's _check_is_max_context: a piece in several windows counts in the one where it has the most
-    context, min(left, right) + 0.01 * window length."""
+    """run_squad.py's _check_is_max_context: a piece in several windows counts in the one where it has most context."""
     scores = {(start, length): min(position - start, start + length - 1 - position) + 0.01 * length
               for start, length in windows if start <= position < start + length}
     return max(scores, key=scores.get) == window  # (the first of equals, as there)
@@ -332,22 +330,20 @@ def settings_digest(info):
 def load_finetuned(path):
     from safetensors.torch import load_file
     try:
-        with open(os.path.join(path, "finetune.json")) as f:
-            info = json.load(f)
+        info = evaluate.read_json(os.path.join(path, "finetune.json"))
         task, digests = TASKS[info["task"]], dict(info["sha256"])
         if not all(type(info[k]) is int and info[k] > 0 for k in SETTINGS):
             raise ValueError(f"{', '.join(SETTINGS)} must be positive integers")
-    except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
+    except (OSError, ValueError, KeyError, TypeError) as e:  # (a DataError of read_json's is a ValueError)
         raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e!r})") from None
     for name, digest in digests.items():
         found = settings_digest(info) if name == "finetune.json" else sha256(os.path.join(path, name))
         if found != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged or edited (its SHA-256 is not the one saved with it)")
     model = build_model(task, encoder_from_hf(path), dropout=0.0)
-    head = "qa_outputs" if task.kind == "qa" else "classifier"
     state = load_file(os.path.join(path, "model.safetensors"))
-    try:
-        getattr(model, head).load_state_dict({p: state[f"{head}.{p}"] for p in ("weight", "bias")})
+    try:  # the head's weights (encoder_from_hf read the rest)
+        model.load_state_dict({n: state[n] for n in model.state_dict() if not n.startswith("encoder.")}, strict=False)
     except (KeyError, RuntimeError) as e:  # finetune.json names another task than the weights were trained for
         raise DataError(f"{path}: no {info['task']} head in model.safetensors ({type(e).__name__}: {e})") from None
     return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
@@ -511,8 +507,7 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
 
 @torch.no_grad()
 def predict(model, tensors, batch_size, runtime):
-    """Model outputs for every row of `tensors`, in order, on the CPU. Every process runs the same number of
-    full batches: the padding rows past the end are dropped after the outputs are gathered."""
+    """Model outputs for every row of `tensors`, in order, on the CPU; every process runs as many full batches."""
     inputs = {k: tensors[k] for k in ("input_ids", "token_type_ids", "attention_mask")}
     n = inputs["input_ids"].shape[0]
     per_step = batch_size * runtime.world_size
@@ -582,13 +577,13 @@ def check_out_dir(cfg, runtime, log):
     ours = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING}
     for key in ("init", "tokenizer", "train"):  # a file however it is spelled: relative, absolute, via a link
         ours[key] = ours[key] and os.path.realpath(ours[key])
-    ours["eval"] = [f"{lang}={os.path.realpath(path)}" if lang else os.path.realpath(path)
-                    for lang, path in map(eval_spec, cfg.eval)]
-    # And what they hold: a file changed at the same path would make a resumed run another run.
-    files = [ours["init"], ours["tokenizer"], ours["train"], *(eval_spec(spec)[1] for spec in ours["eval"])]
-    read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model",  # of an --init dir
-            CHECKPOINT_INFO)  # (a checkpoint's: the digests of the rest)
-    files = [f for p in files if p for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
+    evals = [(lang, os.path.realpath(file)) for lang, file in map(eval_spec, cfg.eval)]
+    ours["eval"] = [f"{lang}={file}" if lang else file for lang, file in evals]
+    # And what they hold: a file changed at the same path would make a resumed run another run. Of an --init
+    # directory, the files read from it (a checkpoint's CHECKPOINT_INFO holds the digests of the rest).
+    read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model", CHECKPOINT_INFO)
+    paths = [ours["init"], ours["tokenizer"], ours["train"], *(file for _, file in evals)]
+    files = [f for p in paths for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
     digests = {f: sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
     ours["sha256"] = runtime.gather_object(digests)[0]  # read once, by rank 0 (an --init may be gigabytes)
     if not any(glob.glob(os.path.join(cfg.out_dir, name))
@@ -655,16 +650,15 @@ def run(cfg):
             run_dir = os.path.join(cfg.out_dir, f"lr-{lr!r}", f"seed-{seed}")  # the exact rate: 1e-3 is lr-0.001
             scores_path = os.path.join(run_dir, "scores.json")
             if os.path.exists(scores_path):  # only with --resume: check_out_dir saw to that
-                sweep[lr][seed] = evaluate.read_json(scores_path)
-                if not (isinstance(sweep[lr][seed], dict) and sweep[lr][seed].keys() == {*evals, "average"} and all(
-                        isinstance(row, dict) and row.keys() == set(task.metrics) for row in sweep[lr][seed].values())):
+                scores = sweep[lr][seed] = evaluate.read_json(scores_path)
+                if not (isinstance(scores, dict) and scores.keys() == {*evals, "average"}
+                        and all(isinstance(row, dict) and row.keys() == set(task.metrics) for row in scores.values())):
                     raise DataError(f"{scores_path}: not the scores of these languages and metrics (damaged?)")
                 log(f"{run_dir} was finished before; its scores are reused")
                 continue
             torch.manual_seed(seed)  # the head's initialisation (the encoder's with --config) and dropout
             model = build_model(task, Encoder(base.config) if cfg.config else copy.deepcopy(base), cfg.dropout)
-            if runtime.is_main:
-                os.makedirs(run_dir, exist_ok=True)
+            runtime.on_main(lambda: os.makedirs(run_dir, exist_ok=True))
             train(model, train_tensors, cfg, lr, runtime, seed, log, os.path.join(run_dir, "train-state.pt"))
             scores = sweep[lr][seed] = {}
             for lang, examples in evals.items():

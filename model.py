@@ -154,7 +154,6 @@ class Encoder(nn.Module):
         return torch.tanh(self.pooler(hidden[:, 0]))  # (B, H), from the [CLS] position
 
 
-
 # ----------------------------------------------------------------------------------------------
 # Output side: the masked-LM head with its own E_out-wide output embedding (Sections 4 and 5)
 
@@ -206,8 +205,6 @@ class MaskedLM(nn.Module):
         loss = F.cross_entropy(logits.flatten(0, -2).float(), masked_ids.flatten(), reduction="none")
         weights = (masked_ids != -100 if masked_weights is None else masked_weights).flatten().float()
         return logits, (loss * weights).sum() / weights.sum().clamp(min=1.0)
-
-
 
 
 # ----------------------------------------------------------------------------------------------

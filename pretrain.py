@@ -158,6 +158,9 @@ def train(model_config, cfg):
     log(f"runtime: {runtime.describe()}")
     cfg = resumed_tokenizer(cfg, resumed, log)
     log(f"model config: {asdict(model_config)}\ntrain config: {asdict(cfg)}")
+    if cfg.max_predictions < round(0.15 * cfg.seq_len):  # create_pretraining_data.py's cap, the same
+        log(f"note: --max-predictions {cfg.max_predictions} masks {cfg.max_predictions / cfg.seq_len:.1%} of "
+            f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
     tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
     files = [p for paths in corpus_files(cfg.data).values() for p in paths]
     lines = runtime.on_main(lambda: line_counts(files))  # the corpus read once
@@ -233,9 +236,6 @@ def ensure_tokenizer(cfg, model_config, runtime, log):
     if tokenizer.vocab_size > model_config.vocab_size:
         raise DataError(f"{cfg.tokenizer} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
                         f"{model_config.vocab_size}; pass --vocab-size {tokenizer.vocab_size}")
-    if cfg.max_predictions < round(0.15 * cfg.seq_len):  # create_pretraining_data.py's cap, the same
-        log(f"note: --max-predictions {cfg.max_predictions} masks {cfg.max_predictions / cfg.seq_len:.1%} of "
-            f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
     if tokenizer.vocab_size < model_config.vocab_size:
         log(f"note: {cfg.tokenizer} has {tokenizer.vocab_size} pieces, fewer than vocab_size "
             f"{model_config.vocab_size}; the extra embedding rows stay unused")
@@ -282,9 +282,6 @@ def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path
                         f"{cfg.tokenizer} is another one (or has changed since)")
     if info["step"] > cfg.steps:
         raise DataError(f"{path} is at step {info['step']}, past --steps {cfg.steps}")
-    if not os.path.exists(os.path.join(path, TRAIN_STATE)):
-        raise DataError(f"{path}: no {TRAIN_STATE} (written by an earlier pretrain.py, which pickled it): "
-                        f"fine-tune from it, or start a new run")
     model_state, optimizer_state = get_state_dict(model, optimizer)
     runtime.lay_out(optimizer)  # AdamW's moments, just made (SPMD: as their parameters)
     try:
