@@ -18,7 +18,6 @@ one sentence per line, a blank line between documents; a file's language is its 
 
 import collections
 import csv
-import fileinput
 import functools
 import glob
 import hashlib
@@ -141,15 +140,17 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
         with open(sample, "w", encoding="utf-8") as out:
             for (lang, paths), p in zip(langs.items(), sampling_probabilities(counts, alpha).values()):
                 repeats, rest = divmod(max(1, round(total * p)), counts[lang])
-                reservoir = []  # Algorithm R: a uniform sample of `rest` lines, one pass
-                with fileinput.FileInput(paths, encoding="utf-8-sig") as f:  # (each file's byte order mark dropped)
-                    for seen, line in enumerate(filter(None, (line.strip() for line in f)), 1):
-                        out.write("".join(part + "\n" for part in in_parts(line)) * repeats)
-                        chars.update(line * repeats)
-                        if len(reservoir) < rest:
-                            reservoir.append(line)
-                        elif (j := rng.randrange(seen)) < rest:
-                            reservoir[j] = line
+                reservoir, seen = [], 0  # Algorithm R: a uniform sample of `rest` lines, one pass
+                for path in paths:
+                    with open(path, encoding="utf-8-sig") as f:
+                        for line in filter(None, (line.strip() for line in f)):
+                            out.write("".join(part + "\n" for part in in_parts(line)) * repeats)
+                            chars.update(line * repeats)
+                            seen += 1
+                            if len(reservoir) < rest:
+                                reservoir.append(line)
+                            elif (j := rng.randrange(seen)) < rest:
+                                reservoir[j] = line
                 out.writelines(part + "\n" for line in reservoir for part in in_parts(line))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
@@ -421,7 +422,8 @@ def corpus_files(data):
 
 
 def count_lines(path):
-    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that checks it is text: UTF-8, no NUL."""
+    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that checks it: text (UTF-8, no NUL byte)
+    with a non-blank line."""
     lines = blank = size = 0
     digest = hashlib.sha256()
     with open(path, "rb") as f:

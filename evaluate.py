@@ -106,6 +106,8 @@ def qa_scores(dataset, predictions, lang=None):
         raise DataError(f"MLQA has no normalization for language {lang!r}; choose one of {MLQA_LANGUAGES}")
     normalize = squad_normalize if lang is None else (lambda text: mlqa_normalize(text, lang))
     qas = [qa for article in dataset for paragraph in article["paragraphs"] for qa in paragraph["qas"]]
+    if not qas:
+        raise DataError("the gold dataset has no questions")
     exact_match = f1 = unanswered = 0
     for qa in qas:
         if qa["id"] not in predictions:

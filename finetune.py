@@ -151,7 +151,7 @@ class PredictConfig:
 
 def to_tensors(features, seq_len, pad_id):
     """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
-    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
+    "attention_mask". Padding, in place: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
     pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
     for f in features:
         f["attention_mask"] = [1] * len(f["input_ids"])
@@ -211,7 +211,9 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
     for index, e in enumerate(examples):
         question = tokenizer.encode(e.question)[:max_query_length]
         context_ids, offsets = tokenizer.encode_with_offsets(e.context)
-        room = seq_len - len(question) - 3  # >= 1: FinetuneConfig saw to it
+        room = seq_len - len(question) - 3
+        if room < 1:  # (FinetuneConfig refuses such flags; a model's finetune.json is read as it is)
+            raise DataError(f"{e.source}: seq_len {seq_len} leaves no room for the context")
         if training:  # (read_examples saw to an answer)
             start_char = e.answers[0]["answer_start"]
             end_char = start_char + len(e.answers[0]["text"])

@@ -259,6 +259,8 @@ def test_squad_edge_cases(capsys):
     assert result["exact_match"] == 75.0 and result["f1"] == 0.0 and result["ignored_predictions"] == 1
     assert qa_scores(data, {})["exact_match"] == 0.0
     assert "Unanswered question e will receive score 0." in capsys.readouterr().err
+    with pytest.raises(DataError, match="no questions"):  # a library call with an empty set: no ZeroDivisionError
+        qa_scores([], {})
 
 
 def test_squad_keeps_non_ascii_punctuation():

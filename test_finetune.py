@@ -636,6 +636,13 @@ def letters(i):
     return "".join("abcdefghij"[int(d)] for d in f"{i:05d}")
 
 
+def test_squad_features_refuse_a_seq_len_without_room_for_the_context(tokenizer):
+    """finetune.json's settings are input too (predict reads them): a window with no room is one line, no traceback."""
+    example = data.SquadExample("q", "what is this question about?", "a context", [], 0, "dev.json: 'q'")
+    with pytest.raises(DataError, match="dev.json: 'q': seq_len 8 leaves no room for the context"):
+        finetune.squad_features(tokenizer, [example], seq_len=8, doc_stride=128, max_query_length=64)
+
+
 def test_pair_and_tagging_features(tokenizer, tmp_path):
     path = tmp_path / "dev-en.tsv"
     path.write_text('The harbour town wakes up.\t"The ""town"" sleeps."\tcontradiction\nA\tB\tneutral\n')
