@@ -32,8 +32,9 @@ import torch
 
 import data
 from configs import (DEVICE, GIVEN, POSITIVE, SEED, XQUAD, at_least, check_flags, flag, one_of, parse_command_line,
-                     resolve_device, run_script)
+                     run_script)
 from checkpoints import DataError, from_checkpoint, from_hf
+from runtime import setup_runtime
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
 # The label sets, in the order of the task heads' outputs (finetune.py).
@@ -427,10 +428,7 @@ def main(argv=None):
         print(json.dumps({"task": cfg.task, "lang": cfg.lang or None,
                           **score_files(cfg.task, cfg.gold, cfg.predictions, cfg.lang or None)}))
         return
-    kind = resolve_device(cfg.device)
-    if kind == "xla":
-        import torch_xla
-    device = torch_xla.device() if kind == "xla" else torch.device(kind)
+    device = setup_runtime(cfg.device).device
     with warnings.catch_warnings():  # a directory without a masked-LM head: the probe needs none, Table 8 a trained one
         warnings.filterwarnings("error" if command == "mlm-accuracy" else "ignore", ".*no masked-LM head")
         try:

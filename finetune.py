@@ -225,9 +225,12 @@ def squad_features(tokenizer, examples, seq_len, doc_stride, max_query_length, t
             if first > last:  # an answer of blanks alone (" ", U+200B) shows in no piece: nothing to point at
                 raise DataError(f"{e.source}: the answer {e.answers[0]['text']!r} covers no piece of the context")
         # run_squad.py's doc spans: a window every doc_stride pieces, until one reaches the context's end.
-        step = min(room, doc_stride)
-        windows = [(start, min(room, len(context_ids) - start))
-                   for start in range(0, max(len(context_ids) - room + step, 1), step)]
+        windows, start = [], 0
+        while True:
+            windows.append((start, min(room, len(context_ids) - start)))
+            if start + room >= len(context_ids):
+                break
+            start += min(room, doc_stride)
         for w_start, w_len in windows:
             window = context_ids[w_start:w_start + w_len]
             ids = [tokenizer.cls_id, *question, tokenizer.sep_id, *window, tokenizer.sep_id]

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from checkpoints import CheckpointReader, DataError
+from checkpoints import CheckpointReader, DataError, save_error
 from configs import resolve_device
 
 
@@ -157,7 +157,7 @@ class Runtime:
                     os.fsync(f.fileno())
                 os.replace(tmp, path)
         except (OSError, RuntimeError) as e:
-            raise OSError(f"{path}: saving failed ({e}); the checkpoints saved before are intact") from e
+            raise save_error(path, e) from e
         finally:
             if self.is_main and os.path.exists(tmp):  # a save that failed (a full disk, Ctrl-C) leaves no partial file
                 os.remove(tmp)
