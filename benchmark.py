@@ -18,23 +18,29 @@ device's dense bf16 peak. transformers' RemBERT has only eager attention, so tha
   python benchmark.py loader --data data/corpus --seconds 120 --num-workers 1
 """
 
+import gc
 import glob
 import json
 import math
 import os
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
 from configs import (CONFIGS, GIVEN, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line, resolve_device,
                      run_script)
-from checkpoints import save_hf
+from checkpoints import save_hf, write_json
 from model import Encoder, MaskedLM, SequenceClassifier
 
+REPO = Path(__file__).resolve().parent
 PHASES = ("pretrain", "finetune", "infer")
 NUM_LABELS = 3  # XNLI's
 # Dense (no sparsity) bf16 tensor-core peak from the vendors' data sheets, by the first word(s) of this order
@@ -180,11 +186,61 @@ class ModelBenchmark:
         check_flags(self)
         if CONFIGS[self.config].pretraining_only_layers:
             raise ValueError(f"--config {self.config}: transformers' RemBERT has no pre-training-only layers")
-        if self.predictions > self.seq_len - 2:  # as many as the positions between [CLS] and [SEP]
-            raise ValueError(f"--predictions must be at most --seq-len - 2 ({self.seq_len - 2})")
-        if self.seq_len > CONFIGS[self.config].max_position_embeddings:
-            raise ValueError(f"--seq-len must be at most {CONFIGS[self.config].max_position_embeddings} for "
-                             f"{self.config}")
+        check_lengths(self.config, self.seq_len, self.predictions)
+
+
+def compare(cfg, phase, config, batch, device):
+    """One phase of ours against transformers on `batch`, interleaved: its row of the table and our Runner (for a
+    profile)."""
+    tokens = cfg.batch_size * cfg.seq_len
+    predicted = batch["masked_weights"][0].sum().item()  # per sequence: MFU counts no padding slot as work
+    with tempfile.TemporaryDirectory() as weights:
+        ours = Runner(phase, "ours", build(phase, "ours", config, weights), batch, device, cfg.compile)
+        theirs = Runner(phase, "hf", build(phase, "hf", config, weights), batch, device, cfg.compile)
+    difference = (ours.check() - theirs.check()).abs().max().item()
+    if difference > (1e-4 if device.type == "cpu" else 5e-2):
+        raise SystemExit(f"{phase}: ours and transformers disagree on the same batch (max |diff| {difference:.2e})")
+    memory = {}  # on a GPU: the memory each side adds while it warms up
+    for runner in (ours, theirs):
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+            before = torch.cuda.memory_allocated(device)
+        for _ in range(cfg.warmup):
+            runner.step()
+        if device.type == "cuda":
+            memory[runner.side] = torch.cuda.max_memory_allocated(device) - before
+    times = [(ours.step(), theirs.step()) for _ in range(cfg.steps)]  # interleaved
+    del theirs
+    ratios = sorted(t / o for o, t in times)
+    speeds = {side: tokens / statistics.median(t[i] for t in times) for i, side in enumerate(("ours", "hf"))}
+    row = {"phase": phase, "config": cfg.config, "batch_size": cfg.batch_size, "seq_len": cfg.seq_len,
+           "compiled": cfg.compile, "ratio": statistics.median(ratios), "spread": [ratios[0], ratios[-1]],
+           "model_flops_per_s": step_flops(config, cfg.seq_len, predicted, phase) * speeds["ours"],
+           "tokens_per_s": speeds,
+           "output_check_max_diff": difference, "gpu_memory_bytes": memory}
+    return row, ours
+
+
+def peak_flops(device, cpu_peaks=()):
+    """(FLOP/s, where it comes from) for MFU: the best CPU matmul measured, or a GPU's data sheet (None if unknown)."""
+    if device.type == "cpu":
+        return max(cpu_peaks), f"best fp32 2048^3 matmul of {[round(p / 1e9) for p in cpu_peaks]} GFLOP/s"
+    return gpu_peak(torch.cuda.get_device_name()), f"{torch.cuda.get_device_name()}'s bf16 data sheet"
+
+
+def print_rows(rows, peak, source):
+    """The table of `compare` rows, each with its MFU as a fraction of `peak`, then each row as JSON."""
+    print(f"peak: {peak / 1e9:.0f} GFLOP/s ({source})" if peak else f"peak: {source} has no entry, so no MFU")
+    print(f"{'phase':<9} {'batch':>9} {'mode':>8} {'ours tok/s':>10} {'HF tok/s':>9} {'ours/HF':>8} "
+          f"{'[min, max]':>13} {'ours MFU':>8} {'GPU GiB ours/HF':>15}")
+    for r in rows:
+        r["mfu"] = r["model_flops_per_s"] / peak if peak else None  # the model's FLOP/s over the peak
+        shown = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        gpu = "/".join(f"{b / 2**30:.1f}" for b in r["gpu_memory_bytes"].values()) or "-"
+        print(f"{r['phase']:<9} {r['batch_size']:>4}x{r['seq_len']:<4} {'compiled' if r['compiled'] else 'eager':>8} "
+              f"{r['tokens_per_s']['ours']:>10.0f} {r['tokens_per_s']['hf']:>9.0f} {r['ratio']:>7.2f}x "
+              f"[{r['spread'][0]:.2f}, {r['spread'][1]:.2f}] {shown:>8} {gpu:>15}")
+        print(json.dumps(r))
 
 
 def bench_model(cfg):
@@ -192,49 +248,14 @@ def bench_model(cfg):
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(0)
     batch = make_batch(config, cfg.batch_size, cfg.seq_len, cfg.predictions, torch.Generator().manual_seed(0))
-    tokens = cfg.batch_size * cfg.seq_len
-    predicted = batch["masked_weights"][0].sum().item()  # per sequence: MFU counts no padding slot as work
     peaks = [cpu_matmul_peak()] if device.type == "cpu" else []
     print(f"# {json.dumps(vars(cfg))}, torch {torch.__version__}")
     rows = []
     for phase in cfg.phases:
-        with tempfile.TemporaryDirectory() as weights:
-            ours = Runner(phase, "ours", build(phase, "ours", config, weights), batch, device, cfg.compile)
-            theirs = Runner(phase, "hf", build(phase, "hf", config, weights), batch, device, cfg.compile)
-        difference = (ours.check() - theirs.check()).abs().max().item()
-        if difference > (1e-4 if device.type == "cpu" else 5e-2):
-            raise SystemExit(f"{phase}: ours and transformers disagree on the same batch (max |diff| {difference:.2e})")
-        memory = {}  # on a GPU: the memory each side adds while it warms up
-        for runner in (ours, theirs):
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                before = torch.cuda.memory_allocated(device)
-            for _ in range(cfg.warmup):
-                runner.step()
-            if device.type == "cuda":
-                memory[runner.side] = torch.cuda.max_memory_allocated(device) - before
-        times = [(ours.step(), theirs.step()) for _ in range(cfg.steps)]  # interleaved
-        ratios = sorted(t / o for o, t in times)
-        speeds = {side: tokens / statistics.median(t[i] for t in times) for i, side in enumerate(("ours", "hf"))}
-        rows.append({"phase": phase, "ratio": statistics.median(ratios), "spread": [ratios[0], ratios[-1]],
-                     "mfu": step_flops(config, cfg.seq_len, predicted, phase) * speeds["ours"], "tokens_per_s": speeds,
-                     "output_check_max_diff": difference, "gpu_memory_bytes": memory, "config": cfg.config})
-        del ours, theirs
+        rows.append(compare(cfg, phase, config, batch, device)[0])
         if device.type == "cpu":
             peaks.append(cpu_matmul_peak())  # a busy machine lowers the peak: keep the best
-    peak = max(peaks) if peaks else gpu_peak(torch.cuda.get_device_name())
-    source = f"best fp32 2048^3 matmul of {[round(p / 1e9) for p in peaks]}" if peaks else "bf16 data sheet"
-    print(f"peak: {peak / 1e9:.0f} GFLOP/s ({source})" if peak else
-          f"peak: {torch.cuda.get_device_name()} is not in GPU_BF16_PEAK, so no MFU")
-    print(f"{'phase':<9} {'ours tok/s':>10} {'HF tok/s':>9} {'ours/HF':>8} {'[min, max]':>13} {'ours MFU':>8} "
-          f"{'GPU GiB ours/HF':>15}")
-    for r in rows:
-        r["mfu"] = r["mfu"] / peak if peak else None  # the model's FLOP/s over the peak
-        shown = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
-        gpu = "/".join(f"{b / 2**30:.1f}" for b in r["gpu_memory_bytes"].values()) if device.type == "cuda" else "-"
-        print(f"{r['phase']:<9} {r['tokens_per_s']['ours']:>10.0f} {r['tokens_per_s']['hf']:>9.0f} "
-              f"{r['ratio']:>7.2f}x [{r['spread'][0]:.2f}, {r['spread'][1]:.2f}] {shown:>8} {gpu:>15}")
-        print(json.dumps(r))
+    print_rows(rows, *peak_flops(device, peaks))
 
 
 @dataclass
@@ -278,9 +299,251 @@ def bench_loader(cfg):
                 break
 
 
+@dataclass
+class FitBenchmark:
+    """which batch of a config's pre-training step fits one device (pretrain.py's step): peak memory, time, losses"""
+    config: str = flag("rembert", f"a configs.py model: {', '.join(CONFIGS)}", one_of(CONFIGS))
+    device: str = flag("cuda", "cpu | cuda (bf16 autocast)", (lambda v: v in ("cpu", "cuda") and resolve_device(v),
+                                                                "cpu or cuda"))
+    fsdp: bool = flag(False, "FSDP2 as pretrain.py --fsdp shards it (under torchrun --nproc-per-node 1)")
+    seq_len: int = flag(512, "tokens per sequence", at_least(3))
+    predictions: int = flag(80, "masked-LM slots per sequence (round(15%) of them real)", POSITIVE)
+    batch_sizes: list[int] = flag([16, 8, 4], "sequences per step, tried in this order: the first that fits is run",
+                                  POSITIVE)
+    steps: int = flag(4, "optimizer steps on one batch (the first is not timed)", at_least(2))
+
+    def __post_init__(self):
+        check_flags(self)
+        check_lengths(self.config, self.seq_len, self.predictions)
+
+
+def check_lengths(config, seq_len, predictions):
+    if predictions > seq_len - 2:  # as many as the positions between [CLS] and [SEP]
+        raise ValueError(f"--predictions must be at most --seq-len - 2 ({seq_len - 2})")
+    if seq_len > CONFIGS[config].max_position_embeddings:
+        raise ValueError(f"--seq-len must be at most {CONFIGS[config].max_position_embeddings} for {config}")
+
+
+def fit_steps(cfg, runtime, batch_size):
+    """pretrain.py's model, optimizer and train_step on one batch, `cfg.steps` times: the losses, the median time of
+    the steps after the first, and the peak memory since the model was built."""
+    from pretrain import build_optimizer, train_step
+    config, device = CONFIGS[cfg.config], runtime.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    torch.manual_seed(0)
+    with device:  # (initialised where it runs: RemBERT's 995M parameters take a minute on 2 CPU cores)
+        raw_model = MaskedLM(config)
+    raw_model.tie_weights()  # then as pretrain.train builds it
+    raw_model.encoder.pooler.requires_grad_(False)
+    model = runtime.wrap_model(raw_model)
+    optimizer = build_optimizer(raw_model, lr=1e-4, weight_decay=0.01)
+    batch = make_batch(config, batch_size, cfg.seq_len, cfg.predictions, torch.Generator().manual_seed(0))
+    batch = {k: batch[k].to(device) for k in ("input_ids", "token_type_ids", "attention_mask", "masked_positions",
+                                              "masked_ids", "masked_weights")}
+    stats, losses, times = torch.zeros(3, device=device), [], []
+    model.train()
+    for _ in range(cfg.steps):
+        start = time.perf_counter()
+        train_step(model, optimizer, runtime, [batch], 1.0, stats)
+        loss_sum, _, count = stats.tolist()  # (waits for the step)
+        times.append(time.perf_counter() - start)
+        losses.append(loss_sum / count)
+        stats.zero_()
+    seconds = statistics.median(times[1:])
+    flops = step_flops(config, cfg.seq_len, batch["masked_weights"][0].sum().item(), "pretrain")
+    return {"batch_size": batch_size, "losses": losses, "step_seconds": seconds,
+            "tokens_per_s": batch_size * cfg.seq_len / seconds,
+            "model_flops_per_s": flops * batch_size * cfg.seq_len / seconds,
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None}
+
+
+def bench_fit(cfg):
+    from runtime import setup_runtime
+    runtime = setup_runtime(cfg.device, cfg.fsdp)
+    result = {"config": cfg.config, "fsdp": cfg.fsdp, "seq_len": cfg.seq_len, "out_of_memory": []}
+    for batch_size in cfg.batch_sizes:
+        try:
+            result |= fit_steps(cfg, runtime, batch_size)
+            break
+        except torch.OutOfMemoryError:
+            result["out_of_memory"].append(batch_size)
+        free_memory()  # (what the failed try held is garbage once its traceback is gone)
+    print(json.dumps(result))
+
+
+def free_memory():
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+GPU_PARTS = ("step", "fit", "preset")
+
+
+@dataclass
+class GPUBenchmark:
+    """docs/performance.md's GPU figures in one run, into one JSON file: the base-size pre-training step against
+    transformers' (eager and compiled, with a profile), RemBERT's step with and without FSDP2, and one model of
+    reproduce.py's gpu preset, pre-trained and fine-tuned"""
+    device: str = flag("cuda", "cuda; cpu to try the command on tiny sizes",
+                       (lambda v: v in ("cpu", "cuda") and resolve_device(v), "cpu or cuda"))
+    parts: list[str] = flag(list(GPU_PARTS), "what to measure", one_of(GPU_PARTS))
+    config: str = flag("ein128-eout768", "the step's model (base size)", one_of(CONFIGS))
+    batch_sizes: list[int] = flag([128, 64, 32], "the step's batches, tried in this order: the first at which both "
+                                                 "sides fit is timed", POSITIVE)
+    steps: int = flag(10, "timed steps per side", POSITIVE)
+    compile: bool = flag(True, "the step compiled too (torch.compile, both sides)")
+    seq_len: int = flag(512, "tokens per sequence (step and fit)", at_least(3))
+    predictions: int = flag(80, "masked-LM slots per sequence (round(15%) of them real)", POSITIVE)
+    fit_config: str = flag("rembert", "the model of `fit`", one_of(CONFIGS))
+    fit_batch_sizes: list[int] = flag([16, 8, 4], "fit's batches, tried in this order", POSITIVE)
+    quick: bool = flag(False, "the preset part runs reproduce.py's quick preset (to try the command)")
+    data: str = flag("data/corpus", "reproduce.py's --data", GIVEN)
+    panx: str = flag("data/panx", "reproduce.py's --panx", GIVEN)
+    xquad: str = flag("data/xquad", "reproduce.py's --xquad", GIVEN)
+    out: str = flag("gpu.json", "the JSON file of every figure, written after each part", GIVEN)
+
+    def __post_init__(self):
+        check_flags(self)
+        for config in (self.config, self.fit_config):
+            check_lengths(config, self.seq_len, self.predictions)
+
+
+def gpu_step(cfg, device):
+    """The step against transformers at the first batch both fit, eager then compiled, and a profile of ours."""
+    config, figures = CONFIGS[cfg.config], {"out_of_memory": [], "rows": []}
+    run = ModelBenchmark(config=cfg.config, phases=["pretrain"], seq_len=cfg.seq_len, predictions=cfg.predictions,
+                         steps=cfg.steps, device=cfg.device)
+    for batch_size in cfg.batch_sizes:
+        run = replace(run, batch_size=batch_size)
+        batch = make_batch(config, batch_size, cfg.seq_len, cfg.predictions, torch.Generator().manual_seed(0))
+        try:
+            row, ours = compare(run, "pretrain", config, batch, device)
+            break
+        except torch.OutOfMemoryError:
+            figures["out_of_memory"].append(batch_size)
+        free_memory()
+    else:
+        return figures
+    figures["rows"].append(row)
+    if cfg.compile:
+        del ours
+        free_memory()
+        row, ours = compare(replace(run, compile=True), "pretrain", config, batch, device)
+        figures["rows"].append(row)
+    figures["profile"] = profile(ours, device)  # (the compiled step, if it ran)
+    return figures
+
+
+def profile(runner, device, steps=3):
+    """The five kernels (CPU: operators) that take most of `steps` steps' time, with their share of it."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    cuda = device.type == "cuda"
+    with torch.profiler.profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            runner.step()
+    kernels = [(e.key, e.self_device_time_total if cuda else e.self_cpu_time_total) for e in prof.key_averages()
+               if e.device_type == (DeviceType.CUDA if cuda else DeviceType.CPU)]
+    total = sum(t for _, t in kernels)
+    top = sorted(kernels, key=lambda k: -k[1])[:5]
+    return {"ms_per_step": total / steps / 1e3,
+            "top": [{"kernel": name, "share": t / total, "ms_per_step": t / steps / 1e3} for name, t in top]}
+
+
+def run_json(command):
+    """The last JSON line a command prints (gloo may abort a process after it has finished: its output counts)."""
+    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if not lines:
+        raise SystemExit(f"{' '.join(command)} failed ({out.returncode}): {out.stderr.strip()[-2000:]}")
+    return json.loads(lines[-1])
+
+
+def gpu_fit(cfg):
+    """fit's figures without and with FSDP2 (torchrun, one process), and how far apart their losses are."""
+    command = ["benchmark.py", "fit", "--config", cfg.fit_config, "--device", cfg.device, "--seq-len",
+               str(cfg.seq_len), "--predictions", str(cfg.predictions), "--batch-sizes", *map(str, cfg.fit_batch_sizes)]
+    plain = run_json([sys.executable, *command])
+    fsdp = run_json([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", *command,
+                     "--fsdp"])
+    figures = {"plain": plain, "fsdp": fsdp}
+    if plain.get("batch_size") is not None and plain.get("batch_size") == fsdp.get("batch_size"):
+        figures["loss_relative_difference"] = max(abs(a - b) / abs(a) for a, b in zip(plain["losses"], fsdp["losses"]))
+    return figures
+
+
+def gpu_preset(cfg):
+    """reproduce.py run on one model of its preset (the largest E_out, seed 0), timed, and the whole preset's time
+    estimated from it: the set-up and baselines once, each pre-trained model's run, the random encoder's fine-tuning."""
+    import reproduce
+    preset = "quick" if cfg.quick else "gpu"
+    p = reproduce.PRESETS[preset]
+    name = f"E_out {4 * p['hidden']}"
+    with tempfile.TemporaryDirectory() as out:
+        started = time.time()
+        subprocess.run([sys.executable, "reproduce.py", "--device", cfg.device, "--models", name, "--seeds", "1",
+                        "--out-dir", out, "--data", cfg.data, "--panx", cfg.panx, "--xquad", cfg.xquad,
+                        *["--quick"] * cfg.quick], cwd=REPO, check=True, capture_output=True)
+        seconds = time.time() - started
+        with open(os.path.join(out, "results.json")) as f:
+            run = json.load(f)["results"][name]["0"]
+    job = sum(run["seconds"].values())
+    pretrained = len(reproduce.models(SimpleNamespace(**p))) * p["seeds"]
+    estimate = seconds - job + pretrained * job + p["seeds"] * run["seconds"]["finetune"]
+    return {"preset": preset, "model": name, "seconds": seconds, "run_seconds": run["seconds"],
+            "whole_preset_seconds_estimated": estimate, "heldout_accuracy": run["curve"][-1][2],
+            "panx_zero_shot_f1": run["panx"]["zero_shot"]}
+
+
+def bench_gpu(cfg):
+    device = torch.device(cfg.device)
+    import transformers
+    report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.type == "cuda" else
+              "cpu", "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
+              "settings": vars(cfg)}
+    peak, source = peak_flops(device, [cpu_matmul_peak()] if device.type == "cpu" else [])
+    report["peak_flops"], report["peak_source"] = peak, source
+    print(f"# {report['device']}, torch {report['torch']} (CUDA {report['cuda']}), transformers "
+          f"{report['transformers']}", flush=True)
+    for part in cfg.parts:
+        started = time.time()
+        report[part] = {"step": lambda: gpu_step(cfg, device), "fit": lambda: gpu_fit(cfg),
+                        "preset": lambda: gpu_preset(cfg)}[part]()
+        report[part]["part_seconds"] = time.time() - started
+        for figures in [*report[part].get("rows", []), *(report[part].get(k, {}) for k in ("plain", "fsdp"))]:
+            if "model_flops_per_s" in figures:
+                figures["mfu"] = figures["model_flops_per_s"] / peak if peak else None
+        write_json(cfg.out, report)
+        print(f"# {part}: {report[part]['part_seconds']:.0f} s", flush=True)
+    if "step" in report:
+        print_rows(report["step"]["rows"], peak, source)
+        if report["step"]["out_of_memory"]:
+            print(f"out of memory at batch {report['step']['out_of_memory']} (either side)")
+        for k in report["step"].get("profile", {}).get("top", []):
+            print(f"  {k['share']:6.1%} {k['ms_per_step']:8.2f} ms/step  {k['kernel'][:100]}")
+    if "fit" in report:
+        for mode, r in report["fit"].items():
+            if isinstance(r, dict):
+                memory = f"{r['peak_memory_bytes'] / 2**30:.1f} GiB" if r.get("peak_memory_bytes") else "-"
+                print(f"{cfg.fit_config} {mode}: batch {r.get('batch_size')} x {cfg.seq_len} (out of memory at "
+                      f"{r['out_of_memory']}): {r.get('step_seconds', 0):.3f} s/step, {r.get('tokens_per_s', 0):,.0f} "
+                      f"tok/s, MFU {r.get('mfu') or 0:.1%}, peak {memory}, losses "
+                      f"{[round(x, 4) for x in r.get('losses', [])]}")
+        print(f"loss difference, relative: {report['fit'].get('loss_relative_difference')}")
+    if "preset" in report:
+        r = report["preset"]
+        print(f"reproduce.py {r['preset']} preset, {r['model']}: {r['seconds']:.0f} s in all, the run "
+              f"{ {k: round(v) for k, v in r['run_seconds'].items()} } s; whole preset about "
+              f"{r['whole_preset_seconds_estimated'] / 60:.1f} min")
+    print(f"wrote {cfg.out}")
+
+
 def main(argv=None):
-    command, cfg = parse_command_line(__doc__, {"model": ModelBenchmark, "loader": LoaderBenchmark}, argv)
-    (bench_model if command == "model" else bench_loader)(cfg)
+    commands = {"model": ModelBenchmark, "loader": LoaderBenchmark, "fit": FitBenchmark, "gpu": GPUBenchmark}
+    command, cfg = parse_command_line(__doc__, commands, argv)
+    {"model": bench_model, "loader": bench_loader, "fit": bench_fit, "gpu": bench_gpu}[command](cfg)
 
 
 if __name__ == "__main__":

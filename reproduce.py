@@ -207,7 +207,7 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
     run_dir = os.path.join(cfg.out_dir, "runs", name.replace(" ", "-"), f"seed-{seed}")
     os.makedirs(run_dir, exist_ok=True)
     log = open(os.path.join(run_dir, "log.txt"), "a")
-    result = {}
+    result, started = {"seconds": {}}, time.time()  # seconds: pre-training, scoring and fine-tuning, each
     with log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
         if name == RANDOM:
             torch.manual_seed(seed)
@@ -221,6 +221,7 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
                 warmup=p.warmup, lr=p.lr, log_every=max(1, p.eval_every // 5), checkpoint_every=p.eval_every,
                 keep=p.steps // p.eval_every + 1, num_workers=p.loader_workers, seed=seed, resume=True)
             model = pretrain.train(models(p)[name], train_config)
+            result["seconds"]["pretrain"], started = time.time() - started, time.time()
             result["parameters"] = count_parameters(model)
             checkpoints, curve = checkpoint_paths(train_config.out_dir), os.path.join(run_dir, "curve.json")
             if not os.path.exists(curve):  # [tokens seen, held-out loss, held-out accuracy] at every checkpoint
@@ -237,11 +238,13 @@ def run_job(name, seed, p, cfg, corpus, tokenizer_file, heldout, threads):
             result["figure2"] = evaluate.translation_probe(model.encoder.to(cfg.device), source, target,
                                                            tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
                                                            device=cfg.device)
+            result["seconds"]["score"], started = time.time() - started, time.time()
         table = finetune.run(finetune.FinetuneConfig(
             task="panx", init=init, tokenizer=tokenizer_file, train=os.path.join(cfg.panx, "train-en.tsv"),
             eval=[os.path.join(cfg.panx, f"dev-{lang}.tsv") for lang in PANX_LANGS], max_train=p.max_train,
             max_eval=p.max_eval, out_dir=os.path.join(run_dir, "panx"), device=cfg.device, lr=[p.finetune_lr],
             epochs=p.epochs, batch_size=p.finetune_batch, seq_len=p.finetune_seq_len, seeds=[seed], resume=True))
+        result["seconds"]["finetune"] = time.time() - started
     result["panx"] = panx_summary({lang: table[lang]["f1"] for lang in PANX_LANGS})
     return result
 

@@ -51,6 +51,28 @@ def test_model_command_prints_every_figure():
         assert f["output_check_max_diff"] < 1e-4  # the same loss / hidden states on both sides
 
 
+def test_gpu_command_writes_every_figure_of_its_parts(tmp_path):
+    """The GPU measurements tried on CPU at tiny sizes: the step (the first batch that fits) against transformers
+    with its profile, and pretrain.py's step without and with FSDP2 (torchrun, one process), the same losses."""
+    pytest.importorskip("transformers")
+    out = tmp_path / "gpu.json"
+    printed = subprocess.run([sys.executable, "benchmark.py", "gpu", "--device", "cpu", "--parts", "step", "fit",
+                              "--config", "tiny", "--batch-sizes", "2", "--steps", "1", "--no-compile", "--seq-len",
+                              "16", "--predictions", "3", "--fit-config", "tiny", "--fit-batch-sizes", "2", "--out",
+                              str(out)], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["torch"] == torch.__version__
+    (row,) = report["step"]["rows"]
+    assert (row["batch_size"], row["seq_len"], row["compiled"]) == (2, 16, False) and 0 < row["mfu"] < 1
+    top = report["step"]["profile"]["top"]
+    assert len(top) == 5 and sum(k["share"] for k in top) <= 1 and top[0]["share"] >= top[-1]["share"]
+    plain, fsdp = report["fit"]["plain"], report["fit"]["fsdp"]
+    assert (plain["fsdp"], fsdp["fsdp"], plain["batch_size"], fsdp["batch_size"]) == (False, True, 2, 2)
+    assert len(plain["losses"]) == 4 and plain["losses"][-1] < plain["losses"][0]  # it learns the batch
+    assert report["fit"]["loss_relative_difference"] < 1e-5  # float32 on CPU: FSDP2 computes the same step
+    assert f"wrote {out}" in printed
+
+
 def test_loader_command_streams_the_corpus_it_is_given():
     out = subprocess.run([sys.executable, "benchmark.py", "loader", "--seconds", "2", "--batch-size", "4"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout  # --data sample_data

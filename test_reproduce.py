@@ -116,6 +116,8 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path):
     for name, seeds in results.items():
         measures = seeds["0"]
         assert 0 <= measures["panx"]["en"] <= 100 and set(measures["panx"]["languages"]) == set(reproduce.PANX_LANGS)
+        expected = {"finetune"} if name == reproduce.RANDOM else {"pretrain", "score", "finetune"}
+        assert set(measures["seconds"]) == expected and all(s > 0 for s in measures["seconds"].values())
         if name != reproduce.RANDOM:
             assert [point[0] for point in measures["curve"]] == [20 * 16 * 64, 40 * 16 * 64]  # tokens seen
             assert len(measures["figure2"]) == 3 and isinstance(measures["collapsed"], bool)  # embeddings, 2 layers
