@@ -13,11 +13,18 @@ MFU is the model's FLOPs per second (`step_flops`: 6 N + 12 L T H per token, the
 positions) over the machine's peak: on CPU the best float32 2048x2048 matmul of this run, on CUDA the
 device's dense bf16 peak. transformers' RemBERT has only eager attention, so that is what it runs.
 
+`fit` runs pretrain.py's own step (its model, optimizer, train_step and, with --fsdp, FSDP2) at the first
+batch that fits the device; `gpu` runs every GPU measurement of docs/performance.md in one process tree and
+writes them to one JSON file (--device cpu tries it at tiny sizes).
+
   python benchmark.py model --config ein128-eout768 --batch-size 8 --phases pretrain  # base-like, CPU
   python benchmark.py model --config ein128-eout768 --device cuda --batch-size 256 --steps 20 --compile
   python benchmark.py loader --data data/corpus --seconds 120 --num-workers 1
+  torchrun --standalone --nproc-per-node 1 benchmark.py fit --config rembert --device cuda --fsdp
+  python benchmark.py gpu --out gpu.json
 """
 
+import copy
 import gc
 import glob
 import json
@@ -189,14 +196,13 @@ class ModelBenchmark:
         check_lengths(self.config, self.seq_len, self.predictions)
 
 
-def compare(cfg, phase, config, batch, device):
-    """One phase of ours against transformers on `batch`, interleaved: its row of the table and our Runner (for a
-    profile)."""
+def compare(cfg, phase, config, batch, device, our_model, their_model):
+    """One phase of ours against transformers (the same weights) on `batch`, interleaved: its row of the table and
+    our Runner (for a profile)."""
     tokens = cfg.batch_size * cfg.seq_len
     predicted = batch["masked_weights"][0].sum().item()  # per sequence: MFU counts no padding slot as work
-    with tempfile.TemporaryDirectory() as weights:
-        ours = Runner(phase, "ours", build(phase, "ours", config, weights), batch, device, cfg.compile)
-        theirs = Runner(phase, "hf", build(phase, "hf", config, weights), batch, device, cfg.compile)
+    ours = Runner(phase, "ours", our_model, batch, device, cfg.compile)
+    theirs = Runner(phase, "hf", their_model, batch, device, cfg.compile)
     difference = (ours.check() - theirs.check()).abs().max().item()
     if difference > (1e-4 if device.type == "cpu" else 5e-2):
         raise SystemExit(f"{phase}: ours and transformers disagree on the same batch (max |diff| {difference:.2e})")
@@ -252,7 +258,10 @@ def bench_model(cfg):
     print(f"# {json.dumps(vars(cfg))}, torch {torch.__version__}")
     rows = []
     for phase in cfg.phases:
-        rows.append(compare(cfg, phase, config, batch, device)[0])
+        with tempfile.TemporaryDirectory() as weights:
+            models = build(phase, "ours", config, weights), build(phase, "hf", config, weights)
+        rows.append(compare(cfg, phase, config, batch, device, *models)[0])
+        del models
         if device.type == "cpu":
             peaks.append(cpu_matmul_peak())  # a busy machine lowers the peak: keep the best
     print_rows(rows, *peak_flops(device, peaks))
@@ -415,23 +424,26 @@ def gpu_step(cfg, device):
     config, figures = CONFIGS[cfg.config], {"out_of_memory": [], "rows": []}
     run = ModelBenchmark(config=cfg.config, phases=["pretrain"], seq_len=cfg.seq_len, predictions=cfg.predictions,
                          steps=cfg.steps, device=cfg.device)
-    for batch_size in cfg.batch_sizes:
-        run = replace(run, batch_size=batch_size)
-        batch = make_batch(config, batch_size, cfg.seq_len, cfg.predictions, torch.Generator().manual_seed(0))
-        try:
-            row, ours = compare(run, "pretrain", config, batch, device)
-            break
-        except torch.OutOfMemoryError:
-            figures["out_of_memory"].append(batch_size)
-        free_memory()
-    else:
-        return figures
-    figures["rows"].append(row)
-    if cfg.compile:
-        del ours
-        free_memory()
-        row, ours = compare(replace(run, compile=True), "pretrain", config, batch, device)
+    with tempfile.TemporaryDirectory() as weights:
+        our_model = build("pretrain", "ours", config, weights)  # every try starts from these weights, on both sides
+        models = lambda: (copy.deepcopy(our_model), build("pretrain", "hf", config, weights))  # noqa: E731
+        for batch_size in cfg.batch_sizes:
+            run = replace(run, batch_size=batch_size)
+            batch = make_batch(config, batch_size, cfg.seq_len, cfg.predictions, torch.Generator().manual_seed(0))
+            try:
+                row, ours = compare(run, "pretrain", config, batch, device, *models())
+                break
+            except torch.OutOfMemoryError:
+                figures["out_of_memory"].append(batch_size)
+            free_memory()
+        else:
+            return figures
         figures["rows"].append(row)
+        if cfg.compile:
+            del ours
+            free_memory()
+            row, ours = compare(replace(run, compile=True), "pretrain", config, batch, device, *models())
+            figures["rows"].append(row)
     figures["profile"] = profile(ours, device)  # (the compiled step, if it ran)
     return figures
 
@@ -483,10 +495,12 @@ def gpu_preset(cfg):
     name = f"E_out {4 * p['hidden']}"
     with tempfile.TemporaryDirectory() as out:
         started = time.time()
-        subprocess.run([sys.executable, "reproduce.py", "--device", cfg.device, "--models", name, "--seeds", "1",
-                        "--out-dir", out, "--data", cfg.data, "--panx", cfg.panx, "--xquad", cfg.xquad,
-                        *["--quick"] * cfg.quick], cwd=REPO, check=True, capture_output=True)
+        done = subprocess.run([sys.executable, "reproduce.py", "--device", cfg.device, "--models", name, "--seeds", "1",
+                               "--out-dir", out, "--data", cfg.data, "--panx", cfg.panx, "--xquad", cfg.xquad,
+                               *["--quick"] * cfg.quick], cwd=REPO, capture_output=True, text=True)
         seconds = time.time() - started
+        if done.returncode:
+            raise SystemExit(f"reproduce.py failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
         with open(os.path.join(out, "results.json")) as f:
             run = json.load(f)["results"][name]["0"]
     job = sum(run["seconds"].values())
@@ -509,8 +523,12 @@ def bench_gpu(cfg):
           f"{report['transformers']}", flush=True)
     for part in cfg.parts:
         started = time.time()
-        report[part] = {"step": lambda: gpu_step(cfg, device), "fit": lambda: gpu_fit(cfg),
-                        "preset": lambda: gpu_preset(cfg)}[part]()
+        try:  # (a part that fails is reported, and the next one runs: the GPU may be lent for minutes only)
+            report[part] = {"step": lambda: gpu_step(cfg, device), "fit": lambda: gpu_fit(cfg),
+                            "preset": lambda: gpu_preset(cfg)}[part]()
+        except (Exception, SystemExit) as e:
+            report[part] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"# {part} failed: {report[part]['error']}", flush=True)
         report[part]["part_seconds"] = time.time() - started
         for figures in [*report[part].get("rows", []), *(report[part].get(k, {}) for k in ("plain", "fsdp"))]:
             if "model_flops_per_s" in figures:

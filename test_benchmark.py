@@ -90,7 +90,11 @@ def test_bad_settings_are_refused(tmp_path):
                               f"--threads must be in [1, {os.cpu_count()}], this machine's cores"),
                              (["model", "--config", "tiny", "--seq-len", "16", "--predictions", "15"],
                               "--predictions must be at most --seq-len - 2 (14)"),
-                             (["model", "--config", "tiny", "--seq-len", "1000"], "--seq-len must be at most 512 for tiny")):
+                             (["model", "--config", "tiny", "--seq-len", "1000"], "--seq-len must be at most 512 for tiny"),
+                             (["fit", "--device", "cpu", "--config", "tiny", "--batch-sizes", "2", "0"],
+                              "--batch-sizes must be a positive number, got [2, 0]"),
+                             (["gpu", "--device", "cpu", "--fit-config", "tiny", "--seq-len", "600"],
+                              "--seq-len must be at most 512 for ein128-eout768")):
         out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     with pytest.raises(ValueError, match="--phases must be one of pretrain, finetune, infer, got 'pretrain'"):
