@@ -88,7 +88,8 @@ def _token_f1(prediction_tokens, gold_tokens):
     num_same = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
     if num_same == 0:
         return 0
-    precision, recall = num_same / len(prediction_tokens), num_same / len(gold_tokens)
+    precision = num_same / len(prediction_tokens)
+    recall = num_same / len(gold_tokens)
     return 2 * precision * recall / (precision + recall)
 
 
@@ -443,7 +444,9 @@ def main(argv=None):
             raise DataError(f"{path}: the sentence {texts[side.index([])]!r} has no pieces in {tokenizer.model_file}")
     accuracies = translation_probe(model.encoder.to(device), *ids, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
                                    cfg.max_len, cfg.batch_size, cfg.seed, device)
-    print("layer  accuracy", *(f"{layer:>5}  {value:8.2f}" for layer, value in enumerate(accuracies)), sep="\n")
+    print("layer  accuracy")
+    for layer, value in enumerate(accuracies):
+        print(f"{layer:>5}  {value:8.2f}")
     print(json.dumps({"checkpoint": cfg.checkpoint, "source": cfg.source, "target": cfg.target,
                       "pairs": len(source), "accuracy_per_layer": accuracies}))
 
