@@ -86,9 +86,6 @@ def parameter_counts(name):
         return count_parameters(MaskedLM(CONFIGS[name]))
 
 
-# ----------------------------------------------------------------------------------------------
-# What every script shares: a dataclass per command, one --flag per field; the device by name
-
 def resolve_device(device):
     """auto -> cuda if torch sees a GPU, else xla if PJRT_DEVICE is set (TPU VM), else cpu."""
     if device == "auto":
@@ -199,23 +196,22 @@ def run_script(main):
         stream.reconfigure(errors="backslashreplace")
     try:
         main()
-    except (DataError, OSError, FloatingPointError) as e:
-        print(f"{sys.argv[0]}: error: {e}", file=sys.stderr)
-        sys.exit(2)
     except KeyboardInterrupt:  # Ctrl-C: checkpoints, results and predictions are written whole or not at all
         print(f"{sys.argv[0]}: interrupted", file=sys.stderr)
         sys.exit(130)
-    except RuntimeError as e:  # out of memory: on CPU and XLA a plain RuntimeError, known only by its text
+    except (DataError, OSError, FloatingPointError, RuntimeError) as e:
         said = str(e)
-        if dist.is_initialized() and dist.get_world_size() > 1 and (
+        if not isinstance(e, RuntimeError):
+            message = said
+        elif dist.is_initialized() and dist.get_world_size() > 1 and (
                 isinstance(e, dist.DistError) or "closed by peer" in said or "reset by peer" in said):
-            print(f"{sys.argv[0]}: error: another process stopped: see its message", file=sys.stderr)
-            sys.exit(2)  # (gloo's and NCCL's word for a process that ended, by its error or killed)
-        if not (isinstance(e, torch.OutOfMemoryError) or any(
-                s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted"))):
+            message = "another process stopped: see its message"  # (gloo's and NCCL's words for a process that ended)
+        elif isinstance(e, torch.OutOfMemoryError) or any(  # on CPU and XLA a plain RuntimeError, known by its text
+                s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted")):
+            message = f"out of memory ({said.splitlines()[0]}); a smaller model, --batch-size or --seq-len needs less"
+        else:
             raise
-        print(f"{sys.argv[0]}: error: out of memory ({said.splitlines()[0]}); a smaller model, "
-              f"--batch-size or --seq-len needs less", file=sys.stderr)
+        print(f"{sys.argv[0]}: error: {message}", file=sys.stderr)
         sys.exit(2)
 
 

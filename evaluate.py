@@ -6,7 +6,7 @@ holds their official metrics, re-implemented to give the official scripts' figur
   xnli, pawsx          accuracy
   panx                 entity-level precision / recall / F1 of seqeval (XTREME's evaluate.py)
   udpos                the same seqeval F1 over part-of-speech tags, as XTREME reports it; token accuracy too
-  xquad, tydiqa        exact match / F1 of the SQuAD v1.1 script (evaluate-v1.1.py)
+  xquad, tydiqa        exact match / F1 of the SQuAD v1.1 script (evaluate-v1.1.py, XTREME's evaluate_squad.py)
   mlqa                 exact match / F1 of the MLQA script (mlqa_evaluation_v1.py): per-language normalization
 
 `python finetune.py predict` writes the prediction files that `score` reads:
@@ -46,11 +46,6 @@ TAGGING_LABELS = {
               "PUNCT", "SCONJ", "SYM", "VERB", "X"),
 }
 
-
-# ---------------------------------------------------------------------------------------------------
-# Span extraction: SQuAD v1.1 (XQuAD, TyDiQA-GoldP) and MLQA.
-# Mirrors the logic of the official scripts: SQuAD's evaluate-v1.1.py (as vendored in
-# google-research/xtreme third_party/evaluate_squad.py) and facebookresearch/MLQA mlqa_evaluation_v1.py.
 
 def squad_normalize(text):
     """SQuAD v1.1: lower case, drop ASCII punctuation, drop the English articles, collapse whitespace."""
@@ -93,9 +88,9 @@ def _token_f1(prediction_tokens, gold_tokens):
     num_same = sum((Counter(prediction_tokens) & Counter(gold_tokens)).values())
     if num_same == 0:
         return 0
-    precision = 1.0 * num_same / len(prediction_tokens)
-    recall = 1.0 * num_same / len(gold_tokens)
-    return (2 * precision * recall) / (precision + recall)
+    precision = num_same / len(prediction_tokens)
+    recall = num_same / len(gold_tokens)
+    return 2 * precision * recall / (precision + recall)
 
 
 def qa_scores(dataset, predictions, lang=None):
@@ -122,9 +117,6 @@ def qa_scores(dataset, predictions, lang=None):
     return {"exact_match": 100.0 * exact_match / len(qas), "f1": 100.0 * f1 / len(qas), "total": len(qas),
             "unanswered": unanswered, "ignored_predictions": len(set(predictions) - {qa["id"] for qa in qas})}
 
-
-# ---------------------------------------------------------------------------------------------------
-# Tagging and classification.
 
 def entities(tags):
     """Chunks (type, first, last) of a tag sequence, found as seqeval's default mode finds them (XTREME's
@@ -165,8 +157,7 @@ def ner_scores(gold, predicted):
 
 def pos_scores(gold, predicted):
     """XTREME's udpos figure, seqeval's F1 over part-of-speech tags (ner_scores), and token accuracy."""
-    flat_gold, flat_predicted = ([tag for tags in s for tag in tags] for s in (gold, predicted))
-    return {**ner_scores(gold, predicted), **accuracy(flat_gold, flat_predicted)}
+    return {**ner_scores(gold, predicted), **accuracy(list(itertools.chain(*gold)), list(itertools.chain(*predicted)))}
 
 
 def accuracy(gold, predicted):
@@ -186,9 +177,6 @@ def print_table(title, table, log):
     for lang, row in table.items():
         log(f"{lang:<10}" + "".join(f"{row[m]:>14.2f}" for m in metrics))
 
-
-# ---------------------------------------------------------------------------------------------------
-# `score`: gold files are read by data.py's readers (the ones fine-tuning uses), prediction files here.
 
 def read_json(path):
     """A JSON file; duplicate keys are an error rather than silently keeping the last one."""
@@ -266,9 +254,6 @@ def score_files(task, gold_path, predictions_path, lang=None):
     return task_scores(task, gold, predictions, lang)
 
 
-# ---------------------------------------------------------------------------------------------------
-# The paper's analyses of a pre-trained model
-
 def mlm_accuracy(model, batches, device="cpu"):
     """Masked-LM accuracy (percent) and mean cross-entropy over the masked positions of `batches`, dicts as
     data.MLMLoader yields them (masked_weights 0 marks padding predictions). Table 8 of the paper."""
@@ -302,8 +287,7 @@ def sentence_embeddings(encoder, sentences, cls_id, sep_id, pad_id, max_len=128,
     own = torch.tensor([[0.0] + [1.0] * len(ids) + [0.0] * (max_len - len(ids) - 1) for ids in padded])  # (N, T)
     per_batch = []
     with torch.no_grad():
-        for ids, mask, weights in zip(input_ids.split(batch_size), attention_mask.split(batch_size),
-                                      own.split(batch_size)):
+        for ids, mask, weights in zip(*(t.split(batch_size) for t in (input_ids, attention_mask, own))):
             _, states = encoder(ids.to(device), attention_mask=mask.to(device), output_hidden_states=True)
             weights = weights.to(device).unsqueeze(-1)  # the sentence's own tokens: 1, (B, T, 1)
             per_batch.append([((h.float() * weights).sum(1) / weights.sum(1)).cpu() for h in states])

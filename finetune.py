@@ -146,9 +146,6 @@ class PredictConfig:
             raise ValueError("--output is in --model's directory, which holds the model's files alone")
 
 
-# ----------------------------------------------------------------------------------------------
-# Features (static shapes: every row padded to seq_len) and their decoding
-
 def to_tensors(features, seq_len, pad_id):
     """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
     "attention_mask". Padding, in place: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
@@ -262,10 +259,8 @@ def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer
     for i, m in enumerate(meta):
         offsets, example = m["offsets"], m["example"]
         # The positions that may bound an answer: context pieces with a character of their own.
-        shows = [k < len(offsets) and offsets[k] is not None and offsets[k][0] < offsets[k][1]
-                 for k in range(start_logits.shape[1])]
-        starts = torch.topk(start_logits[i], min(n_best, start_logits.shape[1])).indices.tolist()
-        ends = torch.topk(end_logits[i], min(n_best, end_logits.shape[1])).indices.tolist()
+        shows = [o is not None and o[0] < o[1] for o in offsets] + [False] * (start_logits.shape[1] - len(offsets))
+        starts, ends = (torch.topk(x[i], min(n_best, x.shape[1])).indices.tolist() for x in (start_logits, end_logits))
         for s, t in itertools.product(starts, ends):
             if shows[s] and m["max_context"][s] and shows[t] and s <= t < s + max_answer_length:
                 score = float(start_logits[i, s] + end_logits[i, t])
@@ -281,9 +276,6 @@ def features(task, tokenizer, examples, settings, training):
     make = pair_features if task.kind == "classification" else tagging_features
     return make(tokenizer, examples, task.labels, settings["seq_len"]), None
 
-
-# ----------------------------------------------------------------------------------------------
-# The model: an encoder from a checkpoint, a HF directory or random weights, plus the task's head
 
 def build_encoder(cfg, log):
     if cfg.config:
@@ -353,9 +345,6 @@ def load_finetuned(path):
         raise DataError(f"{path}: no {info['task']} head in model.safetensors ({type(e).__name__}: {e})") from None
     return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
 
-
-# ----------------------------------------------------------------------------------------------
-# Task files: English training data, evaluation sets by language
 
 def read_examples(task, path, labelled=True):
     if task.kind == "qa":
@@ -431,9 +420,6 @@ def eval_sets(cfg, task, held_out):
     return sets
 
 
-# ----------------------------------------------------------------------------------------------
-# Training and prediction, with static shapes: an epoch's last partial batch is dropped, evaluation's padded
-
 def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
     """Fine-tune `model` in place; resumed from `state_path`, training ends with an uninterrupted run's weights."""
     n, per_step = tensors["input_ids"].shape[0], cfg.batch_size
@@ -442,7 +428,7 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
     per_process, steps_per_epoch = per_step // runtime.world_size, n // per_step
     if steps_per_epoch == 0:
         raise DataError(f"{n} training sequences are fewer than one batch ({per_step}); lower --batch-size")
-    total = steps_per_epoch * cfg.epochs
+    total = steps_per_epoch * cfg.epochs  # an epoch's last partial batch is dropped: static shapes
     warmup = int(cfg.warmup_fraction * total)
     ddp_model = runtime.wrap_model(model)
     optimizer = build_optimizer(model, lr, cfg.weight_decay)
@@ -560,9 +546,6 @@ def predict_file(cfg):
             f.write("".join(label + "\n" for label in predictions))
     os.replace(tmp, cfg.output)
 
-
-# ----------------------------------------------------------------------------------------------
-# The zero-shot table
 
 def with_defaults(cfg, encoder_config, log):
     task, rembert = TASKS[cfg.task], CONFIGS["rembert"]
