@@ -65,8 +65,10 @@ class SelfAttention(nn.Module):
         super().__init__()
         self.num_heads = config.num_heads
         self.dropout = config.dropout  # of the attention probabilities
-        H = config.hidden_size
-        self.query, self.key, self.value, self.out = (nn.Linear(H, H) for _ in range(4))
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.out = nn.Linear(config.hidden_size, config.hidden_size)
 
     def forward(self, x, mask):
         B, T, H = x.shape
