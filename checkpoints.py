@@ -58,7 +58,6 @@ def load_checkpoint(path):
         raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({type(e).__name__}: {e})") from None
 
 
-# ----------------------------------------------------------------------------------------------
 # pretrain.py's checkpoint directories: read, checked first
 
 CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
@@ -199,7 +198,6 @@ def from_checkpoint(path):
     return model
 
 
-# ----------------------------------------------------------------------------------------------
 # A run's own folder: ckpt-STEP directories saved, rotated, resumed, set aside
 
 TRAIN_STATE = "train_state.safetensors"  # in a checkpoint: every process's loader and random state
@@ -377,7 +375,6 @@ def read_train_state(path):
     return filled(skeleton)
 
 
-# ----------------------------------------------------------------------------------------------
 # The Hugging Face layout (transformers' RemBERT), both ways. Our names -> theirs, per module:
 
 _HF_ENCODER = {"embeddings.norm": "embeddings.LayerNorm", "embedding_projection": "encoder.embedding_hidden_mapping_in",
@@ -410,20 +407,10 @@ def hf_name(name, table=_HF_ENCODER):
     return f"{table.get(module, module)}.{parameter}"
 
 
-def from_hf(path):
-    """The MaskedLM of a RemBERT directory in the Hugging Face layout, as `save_pretrained` writes it (e.g.
-    google/rembert, its weights in one file). The released checkpoint has no MLM head: ours stays as initialised."""
-    return _from_hf(path, MaskedLM)
-
-
-def encoder_from_hf(path):
-    """The Encoder of a Hugging Face RemBERT directory (see `from_hf`)."""
-    return _from_hf(path, Encoder)
-
-
-def _from_hf(path, cls):
-    """A `cls` (MaskedLM or Encoder) with the weights of a Hugging Face RemBERT directory, each checked: there, of the
-    shape, finite. A pooler (RemBertForMaskedLM saves none) or MLM head that is not there keeps its initialisation."""
+def from_hf(path, cls=MaskedLM):
+    """The `cls` (MaskedLM or Encoder) of a Hugging Face RemBERT directory as `save_pretrained` writes it (e.g.
+    google/rembert, weights in one file), each weight checked: there, of the shape, finite. A pooler (RemBertForMaskedLM
+    saves none) or MLM head (the released checkpoint has none) that is not there keeps its initialisation."""
     config, state = _read_hf(path)
     model = cls(config)
     encoder, prefix = (model, "") if cls is Encoder else (model.encoder, "encoder.")
@@ -464,6 +451,11 @@ def _from_hf(path, cls):
         raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
                         f"differs from its input embedding")
     return model
+
+
+def encoder_from_hf(path):
+    """The Encoder of a Hugging Face RemBERT directory (see `from_hf`)."""
+    return from_hf(path, Encoder)
 
 
 def _read_hf(path):

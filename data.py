@@ -47,9 +47,6 @@ NEWLINE = b"\n"
 MAX_LINE = 8192  # characters: a longer corpus line is read as several (see in_parts)
 
 
-# ----------------------------------------------------------------------------------------------
-# Tokenizer
-
 class Tokenizer:
     """Any SentencePiece model (the released RemBERT one too), with the special pieces BERT's input format needs."""
 
@@ -173,7 +170,6 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     return f"{model_prefix}.model"
 
 
-# ----------------------------------------------------------------------------------------------
 # The masked-LM stream: languages drawn by α-sampling (Appendix A.7), BERT's masking, packed rows
 
 def sampling_probabilities(counts, alpha):
@@ -273,14 +269,14 @@ class _Stream:
                 st["doc"], st["line"] = st["doc"] + 1, 0
 
     def next_row(self, length):
-        """(`length` pieces of one language, the rng that masks them)."""
+        """(a row of `length` ids: [CLS], pieces of one language, [SEP]; the rng that masks it)."""
         rng = self._rng(int(self.seq[0]), 1 << 30)
         self.seq[0] += 1
         lang = min(int(np.searchsorted(self.cdf, rng.random() * self.cdf[-1], side="right")), len(self.cdf) - 1)
-        ids = []
-        while len(ids) < length:
-            ids += self._take(lang, length - len(ids)) or []
-        return ids, rng
+        ids = [self.tokenizer.cls_id]
+        while len(ids) < length - 1:
+            ids += self._take(lang, length - 1 - len(ids)) or []
+        return ids + [self.tokenizer.sep_id], rng
 
 
 def _worker_steps(corpus, tokenizer, settings, worker, state):
@@ -295,9 +291,8 @@ def _worker_steps(corpus, tokenizer, settings, worker, state):
             positions, masked_ids = np.zeros((2, batch_size, max_predictions), dtype=np.int64)
             weights = np.zeros((batch_size, max_predictions), dtype=np.float32)
             for b, stream in enumerate(step_streams):
-                ids, rng = stream.next_row(seq_len - 2)
-                input_ids[b], pos, original = mask_tokens([tokenizer.cls_id, *ids, tokenizer.sep_id], rng, tokenizer,
-                                                          max_predictions)
+                row, rng = stream.next_row(seq_len)
+                input_ids[b], pos, original = mask_tokens(row, rng, tokenizer, max_predictions)
                 positions[b, :len(pos)], masked_ids[b, :len(pos)], weights[b, :len(pos)] = pos, original, 1.0
             batch = {"input_ids": input_ids, "token_type_ids": np.zeros_like(input_ids),
                      "attention_mask": np.ones_like(input_ids), "masked_positions": positions,
@@ -392,7 +387,6 @@ class MLMLoader:
             yield batches[-1]
 
 
-# ----------------------------------------------------------------------------------------------
 # Reading the corpus, checked where it enters: languages, line counts and digests, documents by byte range
 
 def corpus_files(data):
@@ -487,13 +481,12 @@ def read_chunk(path, start, stop, size):
     return [[part for line in block.split("\n") for part in in_parts(line)] for block in blocks if block]
 
 
-def in_parts(line, most=MAX_LINE):
-    """The line cut every `most` characters: a line of megabytes would be tokenized whole (and again whenever its
+def in_parts(line):
+    """The line cut every MAX_LINE characters: a line of megabytes would be tokenized whole (and again whenever its
     stream comes back to it), and SentencePiece's trainer skips lines over 64 KiB without a word."""
-    return [line[i:i + most] for i in range(0, len(line), most)]
+    return [line[i:i + MAX_LINE] for i in range(0, len(line), MAX_LINE)]
 
 
-# ----------------------------------------------------------------------------------------------
 # XTREME tasks: reading. Task files are UTF-8 (a leading byte order mark is dropped), lines end in "\n" or
 # "\r\n", and are split on those only: a sentence may hold U+001C, which str.splitlines() would break on.
 

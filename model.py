@@ -58,7 +58,6 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.dropout must be in [0, 1), got {self.dropout}")
 
 
-# ----------------------------------------------------------------------------------------------
 # Transformer layer (post-LayerNorm, as BERT and RemBERT)
 
 class SelfAttention(nn.Module):
@@ -102,7 +101,6 @@ def padding_mask(attention_mask):
     return None if attention_mask is None else (attention_mask == 0)[:, None, None, :]
 
 
-# ----------------------------------------------------------------------------------------------
 # Input side: E_in-wide embeddings, projected up to H (Section 4)
 
 class Embeddings(nn.Module):
@@ -154,7 +152,6 @@ class Encoder(nn.Module):
         return torch.tanh(self.pooler(hidden[:, 0]))  # (B, H), from the [CLS] position
 
 
-# ----------------------------------------------------------------------------------------------
 # Output side: the masked-LM head with its own E_out-wide output embedding (Sections 4 and 5)
 
 class MLMHead(nn.Module):
@@ -195,11 +192,9 @@ class MaskedLM(nn.Module):
         mask = padding_mask(attention_mask)
         for layer in self.pretraining_layers:
             x = layer(x, mask)
-        if masked_positions is None:
-            logits = self.head(x)  # (B, T, V), as transformers' RemBertForMaskedLM
-        else:  # google-research/bert's gather_indexes: the masked positions' rows (B*P, H), the head on them alone
-            rows = torch.gather(x, 1, masked_positions[:, :, None].expand(-1, -1, x.shape[-1])).flatten(0, 1)
-            logits = self.head(rows)
+        if masked_positions is not None:  # google-research/bert's gather_indexes: the masked positions' rows alone
+            x = torch.gather(x, 1, masked_positions[:, :, None].expand(-1, -1, x.shape[-1])).flatten(0, 1)  # (B*P, H)
+        logits = self.head(x)  # (B*P, V), or (B, T, V) at every position as transformers' RemBertForMaskedLM
         if masked_ids is None:
             return logits, None
         loss = F.cross_entropy(logits.flatten(0, -2).float(), masked_ids.flatten(), reduction="none")
@@ -207,7 +202,6 @@ class MaskedLM(nn.Module):
         return logits, (loss * weights).sum() / weights.sum().clamp(min=1.0)
 
 
-# ----------------------------------------------------------------------------------------------
 # Task heads for fine-tuning (XTREME): each returns a tuple whose last element is the loss or None
 
 class SequenceClassifier(nn.Module):
@@ -260,9 +254,6 @@ class SpanExtractor(nn.Module):
         loss = F.cross_entropy(start_logits, start, ignore_index=T) + F.cross_entropy(end_logits, end, ignore_index=T)
         return start_logits, end_logits, loss / 2
 
-
-# ----------------------------------------------------------------------------------------------
-# Initialisation, the paper's parameter accounting
 
 def init_weights(module):
     """BERT's initialisation: N(0, 0.02) weights, zero biases (LayerNorm starts as torch makes it: gain 1, bias 0)."""

@@ -101,7 +101,6 @@ def parse_args(argv=None):
     return model_config, cfg
 
 
-# ----------------------------------------------------------------------------------------------
 # Optimisation (Table 14): AdamW, β 0.9/0.999, ε 1e-6, weight decay 0.01 on matrices; linear warm-up and decay
 
 def build_optimizer(model, lr, weight_decay):
@@ -120,9 +119,6 @@ def lr_at(step, warmup, total, peak):
         return peak * (step + 1) / warmup
     return peak * max(0.0, (total - step) / max(1, total - warmup))
 
-
-# ----------------------------------------------------------------------------------------------
-# Training
 
 def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
     """One optimizer step over `micro_batches` (grad_accum of them). Adds [sum of weighted CE,
@@ -177,9 +173,8 @@ def train(model_config, cfg):
                        grad_accum=cfg.grad_accum, num_workers=cfg.num_workers, seed=cfg.seed, counts=lines)
     counts = count_parameters(raw_model)
     log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
+    torch.manual_seed(cfg.seed + 1 + runtime.rank)  # dropout: different draws in each process (resume sets its own)
     step = resume(runtime, cfg, model_config, raw_model, optimizer, loader, tokenizer, *resumed, log) if resumed else 0
-    if not resumed:
-        torch.manual_seed(cfg.seed + 1 + runtime.rank)  # dropout: different draws in each process
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * runtime.world_size
     stats = torch.zeros(3, device=runtime.device)
@@ -223,7 +218,6 @@ def train(model_config, cfg):
     return raw_model
 
 
-# ----------------------------------------------------------------------------------------------
 # Around the loop: the tokenizer, the weights' check, resuming
 
 def ensure_tokenizer(cfg, model_config, runtime, log):

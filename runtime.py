@@ -49,10 +49,9 @@ class Runtime:
         return torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.kind == "cuda")
 
     def wrap_model(self, model):
-        """The model on the device, spread over the processes. FSDP2 as torchtitan applies it: a unit per
-        Transformer layer, the embeddings and the MLM head (one unit when tied: a parameter belongs to one), then the
-        rest; bf16 compute with float32 gradient reduction on CUDA. On XLA the replicas stay plain modules:
-        optimizer_step all-reduces their gradients."""
+        """The model on the device, spread over the processes. FSDP2 as torchtitan applies it: a unit per Transformer
+        layer, the embeddings and the MLM head (one unit when tied: a parameter belongs to one), then the rest. On XLA
+        the replicas stay plain modules: optimizer_step all-reduces their gradients."""
         model = model.to(self.device)
         if self.fsdp:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
