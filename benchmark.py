@@ -24,6 +24,7 @@ writes them to one JSON file (--device cpu tries it at tiny sizes).
   python benchmark.py gpu --out gpu.json
 """
 
+import contextlib
 import copy
 import gc
 import glob
@@ -50,6 +51,7 @@ from model import Encoder, MaskedLM, SequenceClassifier
 REPO = Path(__file__).resolve().parent
 PHASES = ("pretrain", "finetune", "infer")
 NUM_LABELS = 3  # XNLI's
+CPU_OR_CUDA = (lambda v: v in ("cpu", "cuda") and resolve_device(v), "cpu or cuda")  # resolve_device says why not
 # Dense (no sparsity) bf16 tensor-core peak from the vendors' data sheets, by the first word(s) of this order
 # in the device's name ("NVIDIA H100 PCIe" is not an SXM H100, "NVIDIA L40S" not an L4, "A10G" not an A10).
 GPU_BF16_PEAK = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12,
@@ -142,12 +144,23 @@ def loss(phase, side, model, batch):
     return model(**inputs, labels=batch["mlm_labels" if phase == "pretrain" else "class_labels"]).loss
 
 
+@contextlib.contextmanager
+def marked(side):
+    """An out-of-memory error inside says which side ran out (in its notes)."""
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        e.add_note(side)
+        raise
+
+
 class Runner:
     """One side's model and its step: forward, backward and fused AdamW, or for inference a no-grad forward."""
 
     def __init__(self, phase, side, model, batch, device, compile):
         self.phase, self.side, self.device = phase, side, device
-        self.model = model.to(device)
+        with marked(side):
+            self.model = model.to(device)
         self.step_model = torch.compile(self.model) if compile else self.model
         self.batch = {k: v.to(device) for k, v in batch.items()}
         if phase != "infer":
@@ -156,12 +169,13 @@ class Runner:
     def step(self):
         start = time.perf_counter()
         self.model.train(self.phase != "infer")
-        with (torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"),
+        with (marked(self.side), torch.autocast("cuda", torch.bfloat16, enabled=self.device.type == "cuda"),
               torch.inference_mode(self.phase == "infer")):
             result = loss(self.phase, self.side, self.step_model, self.batch)
         if self.phase != "infer":  # backward and the optimizer outside autocast, as a training loop has them
-            result.backward()
-            self.optimizer.step()
+            with marked(self.side):
+                result.backward()
+                self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -169,7 +183,7 @@ class Runner:
 
     def check(self):
         self.model.eval()
-        with torch.no_grad():
+        with marked(self.side), torch.no_grad():
             return loss(self.phase, self.side, self.model, self.batch).float().cpu()
 
 
@@ -183,8 +197,7 @@ class ModelBenchmark:
     predictions: int = flag(20, "masked-LM slots per sequence (round(15%) of them real)", POSITIVE)
     steps: int = flag(7, "timed steps per side (interleaved)", POSITIVE)
     warmup: int = flag(2, "untimed steps per side first (optimizer state, compiling)", POSITIVE)
-    device: str = flag("cpu", "cpu | cuda (bf16 autocast)", (lambda v: v in ("cpu", "cuda") and resolve_device(v),
-                                                             "cpu or cuda"))
+    device: str = flag("cpu", "cpu | cuda (bf16 autocast)", CPU_OR_CUDA)
     threads: int = flag(min(2, os.cpu_count()), "torch.set_num_threads on CPU",
                         (lambda v: 0 < v <= os.cpu_count(), f"in [1, {os.cpu_count()}], this machine's cores"))
     compile: bool = flag(False, "torch.compile both sides")
@@ -234,13 +247,17 @@ def peak_flops(device, cpu_peaks=()):
     return gpu_peak(torch.cuda.get_device_name()), f"{torch.cuda.get_device_name()}'s bf16 data sheet"
 
 
+def add_mfu(figures, peak):
+    """MFU: the model's FLOP/s over the peak (None without one)."""
+    figures["mfu"] = figures["model_flops_per_s"] / peak if peak else None
+
+
 def print_rows(rows, peak, source):
-    """The table of `compare` rows, each with its MFU as a fraction of `peak`, then each row as JSON."""
+    """The table of `compare` rows (with their MFU), then each row as JSON."""
     print(f"peak: {peak / 1e9:.0f} GFLOP/s ({source})" if peak else f"peak: {source} has no entry, so no MFU")
     print(f"{'phase':<9} {'batch':>9} {'mode':>8} {'ours tok/s':>10} {'HF tok/s':>9} {'ours/HF':>8} "
           f"{'[min, max]':>13} {'ours MFU':>8} {'GPU GiB ours/HF':>15}")
     for r in rows:
-        r["mfu"] = r["model_flops_per_s"] / peak if peak else None  # the model's FLOP/s over the peak
         shown = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
         gpu = "/".join(f"{b / 2**30:.1f}" for b in r["gpu_memory_bytes"].values()) or "-"
         print(f"{r['phase']:<9} {r['batch_size']:>4}x{r['seq_len']:<4} {'compiled' if r['compiled'] else 'eager':>8} "
@@ -264,7 +281,10 @@ def bench_model(cfg):
         del models
         if device.type == "cpu":
             peaks.append(cpu_matmul_peak())  # a busy machine lowers the peak: keep the best
-    print_rows(rows, *peak_flops(device, peaks))
+    peak, source = peak_flops(device, peaks)
+    for row in rows:
+        add_mfu(row, peak)
+    print_rows(rows, peak, source)
 
 
 @dataclass
@@ -312,8 +332,7 @@ def bench_loader(cfg):
 class FitBenchmark:
     """which batch of a config's pre-training step fits one device (pretrain.py's step): peak memory, time, losses"""
     config: str = flag("rembert", f"a configs.py model: {', '.join(CONFIGS)}", one_of(CONFIGS))
-    device: str = flag("cuda", "cpu | cuda (bf16 autocast)", (lambda v: v in ("cpu", "cuda") and resolve_device(v),
-                                                                "cpu or cuda"))
+    device: str = flag("cuda", "cpu | cuda (bf16 autocast)", CPU_OR_CUDA)
     fsdp: bool = flag(False, "FSDP2 as pretrain.py --fsdp shards it (under torchrun --nproc-per-node 1)")
     seq_len: int = flag(512, "tokens per sequence", at_least(3))
     predictions: int = flag(80, "masked-LM slots per sequence (round(15%) of them real)", POSITIVE)
@@ -327,6 +346,7 @@ class FitBenchmark:
 
 
 def check_lengths(config, seq_len, predictions):
+    """The flags' refusal of masked-LM slots that do not fit a sequence, or a sequence longer than the config's."""
     if predictions > seq_len - 2:  # as many as the positions between [CLS] and [SEP]
         raise ValueError(f"--predictions must be at most --seq-len - 2 ({seq_len - 2})")
     if seq_len > CONFIGS[config].max_position_embeddings:
@@ -395,8 +415,7 @@ class GPUBenchmark:
     """docs/performance.md's GPU figures in one run, into one JSON file: the base-size pre-training step against
     transformers' (eager and compiled, with a profile), RemBERT's step with and without FSDP2, and one model of
     reproduce.py's gpu preset, pre-trained and fine-tuned"""
-    device: str = flag("cuda", "cuda; cpu to try the command on tiny sizes",
-                       (lambda v: v in ("cpu", "cuda") and resolve_device(v), "cpu or cuda"))
+    device: str = flag("cuda", "cuda; cpu to try the command on tiny sizes", CPU_OR_CUDA)
     parts: list[str] = flag(list(GPU_PARTS), "what to measure", one_of(GPU_PARTS))
     config: str = flag("ein128-eout768", "the step's model (base size)", one_of(CONFIGS))
     batch_sizes: list[int] = flag([128, 64, 32], "the step's batches, tried in this order: the first at which both "
@@ -419,32 +438,41 @@ class GPUBenchmark:
             check_lengths(config, self.seq_len, self.predictions)
 
 
-def gpu_step(cfg, device):
+def gpu_step(cfg):
     """The step against transformers at the first batch both fit, eager then compiled, and a profile of ours."""
-    config, figures = CONFIGS[cfg.config], {"out_of_memory": [], "rows": []}
+    config, device, figures = CONFIGS[cfg.config], torch.device(cfg.device), {"out_of_memory": [], "rows": []}
     run = ModelBenchmark(config=cfg.config, phases=["pretrain"], seq_len=cfg.seq_len, predictions=cfg.predictions,
                          steps=cfg.steps, device=cfg.device)
     with tempfile.TemporaryDirectory() as weights:
         our_model = build("pretrain", "ours", config, weights)  # every try starts from these weights, on both sides
-        models = lambda: (copy.deepcopy(our_model), build("pretrain", "hf", config, weights))  # noqa: E731
+
+        def try_step(run, batch):  # -> our Runner, the row added; or None (out of memory: which side, noted)
+            try:
+                row, ours = compare(run, "pretrain", config, batch, device, copy.deepcopy(our_model),
+                                    build("pretrain", "hf", config, weights))
+                figures["rows"].append(row)
+                return ours
+            except torch.OutOfMemoryError as e:
+                figures["out_of_memory"].append({"batch_size": run.batch_size, "compiled": run.compile,
+                                                 "side": (getattr(e, "__notes__", None) or ["?"])[0]})
+            free_memory()  # (what the failed try held is garbage once its traceback is gone)
+
         for batch_size in cfg.batch_sizes:
             run = replace(run, batch_size=batch_size)
             batch = make_batch(config, batch_size, cfg.seq_len, cfg.predictions, torch.Generator().manual_seed(0))
-            try:
-                row, ours = compare(run, "pretrain", config, batch, device, *models())
+            if ours := try_step(run, batch):
                 break
-            except torch.OutOfMemoryError:
-                figures["out_of_memory"].append(batch_size)
-            free_memory()
         else:
             return figures
-        figures["rows"].append(row)
         if cfg.compile:
-            del ours
+            ours = None
             free_memory()
-            row, ours = compare(replace(run, compile=True), "pretrain", config, batch, device, *models())
-            figures["rows"].append(row)
-    figures["profile"] = profile(ours, device)  # (the compiled step, if it ran)
+            try:
+                ours = try_step(replace(run, compile=True), batch)
+            except Exception as e:  # (the eager figures stand)
+                figures["compile_error"] = f"{type(e).__name__}: {e}"
+    if ours:
+        figures["profile"] = profile(ours, device)  # (the compiled step, if it ran)
     return figures
 
 
@@ -482,15 +510,21 @@ def gpu_fit(cfg):
                      "--fsdp"])
     figures = {"plain": plain, "fsdp": fsdp}
     if plain.get("batch_size") is not None and plain.get("batch_size") == fsdp.get("batch_size"):
-        figures["loss_relative_difference"] = max(abs(a - b) / abs(a) for a, b in zip(plain["losses"], fsdp["losses"]))
+        losses = [*plain["losses"], *fsdp["losses"]]
+        figures["losses_finite"] = all(map(math.isfinite, losses))
+        if figures["losses_finite"]:  # FSDP2 computes with bf16 weights, the plain step with fp32 ones under autocast
+            difference = max(abs(a - b) / abs(a) for a, b in zip(plain["losses"], fsdp["losses"]))
+            figures["loss_relative_difference"] = difference
+            figures["equal_to_bf16_rounding"] = difference <= 2 ** -7  # two of bf16's 8-bit-mantissa steps
     return figures
 
 
 def gpu_preset(cfg):
     """reproduce.py run on one model of its preset (the largest E_out, seed 0), timed, and the whole preset's time
-    estimated from it: the set-up and baselines once, each pre-trained model's run, the random encoder's fine-tuning."""
+    estimated from it: the set-up and baselines once, then every pre-trained model's run as long as this one's (the
+    one with pre-training-only layers is deeper: an estimate), and the random encoder's fine-tuning."""
     import reproduce
-    preset = "quick" if cfg.quick else "gpu"
+    preset = "quick" if cfg.quick else "gpu" if cfg.device == "cuda" else "cpu"  # as reproduce.py picks it
     p = reproduce.PRESETS[preset]
     name = f"E_out {4 * p['hidden']}"
     with tempfile.TemporaryDirectory() as out:
@@ -513,6 +547,7 @@ def gpu_preset(cfg):
 
 def bench_gpu(cfg):
     device = torch.device(cfg.device)
+    import torch._dynamo as dynamo
     import transformers
     report = {"date": time.strftime("%Y-%m-%d"), "device": torch.cuda.get_device_name() if device.type == "cuda" else
               "cpu", "torch": torch.__version__, "cuda": torch.version.cuda, "transformers": transformers.__version__,
@@ -524,24 +559,26 @@ def bench_gpu(cfg):
     for part in cfg.parts:
         started = time.time()
         try:  # (a part that fails is reported, and the next one runs: the GPU may be lent for minutes only)
-            report[part] = {"step": lambda: gpu_step(cfg, device), "fit": lambda: gpu_fit(cfg),
-                            "preset": lambda: gpu_preset(cfg)}[part]()
+            report[part] = {"step": gpu_step, "fit": gpu_fit, "preset": gpu_preset}[part](cfg)
         except (Exception, SystemExit) as e:
             report[part] = {"error": f"{type(e).__name__}: {e}"}
             print(f"# {part} failed: {report[part]['error']}", flush=True)
+        dynamo.reset()  # the next part's processes get the GPU's memory, not this one's cache
+        free_memory()
         report[part]["part_seconds"] = time.time() - started
         for figures in [*report[part].get("rows", []), *(report[part].get(k, {}) for k in ("plain", "fsdp"))]:
             if "model_flops_per_s" in figures:
-                figures["mfu"] = figures["model_flops_per_s"] / peak if peak else None
+                add_mfu(figures, peak)
         write_json(cfg.out, report)
         print(f"# {part}: {report[part]['part_seconds']:.0f} s", flush=True)
-    if "step" in report:
+    failed = [part for part in cfg.parts if "error" in report[part]]
+    if "step" in report and "step" not in failed:
         print_rows(report["step"]["rows"], peak, source)
-        if report["step"]["out_of_memory"]:
-            print(f"out of memory at batch {report['step']['out_of_memory']} (either side)")
+        for oom in report["step"]["out_of_memory"]:
+            print(f"out of memory: {oom}")
         for k in report["step"].get("profile", {}).get("top", []):
-            print(f"  {k['share']:6.1%} {k['ms_per_step']:8.2f} ms/step  {k['kernel'][:100]}")
-    if "fit" in report:
+            print(f"  {k['share']:6.1%} of the kernels' time, {k['ms_per_step']:8.2f} ms/step  {k['kernel'][:100]}")
+    if "fit" in report and "fit" not in failed:
         for mode, r in report["fit"].items():
             if isinstance(r, dict):
                 memory = f"{r['peak_memory_bytes'] / 2**30:.1f} GiB" if r.get("peak_memory_bytes") else "-"
@@ -549,13 +586,14 @@ def bench_gpu(cfg):
                       f"{r['out_of_memory']}): {r.get('step_seconds', 0):.3f} s/step, {r.get('tokens_per_s', 0):,.0f} "
                       f"tok/s, MFU {r.get('mfu') or 0:.1%}, peak {memory}, losses "
                       f"{[round(x, 4) for x in r.get('losses', [])]}")
-        print(f"loss difference, relative: {report['fit'].get('loss_relative_difference')}")
-    if "preset" in report:
+        print(f"losses finite: {report['fit'].get('losses_finite')}, relative difference "
+              f"{report['fit'].get('loss_relative_difference')}")
+    if "preset" in report and "preset" not in failed:
         r = report["preset"]
         print(f"reproduce.py {r['preset']} preset, {r['model']}: {r['seconds']:.0f} s in all, the run "
               f"{ {k: round(v) for k, v in r['run_seconds'].items()} } s; whole preset about "
               f"{r['whole_preset_seconds_estimated'] / 60:.1f} min")
-    print(f"wrote {cfg.out}")
+    print(f"wrote {cfg.out}" + f" (failed: {', '.join(failed)})" * bool(failed))
 
 
 def main(argv=None):

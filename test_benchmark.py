@@ -69,6 +69,7 @@ def test_gpu_command_writes_every_figure_of_its_parts(tmp_path):
     plain, fsdp = report["fit"]["plain"], report["fit"]["fsdp"]
     assert (plain["fsdp"], fsdp["fsdp"], plain["batch_size"], fsdp["batch_size"]) == (False, True, 2, 2)
     assert len(plain["losses"]) == 4 and plain["losses"][-1] < plain["losses"][0]  # it learns the batch
+    assert report["fit"]["losses_finite"] and report["fit"]["equal_to_bf16_rounding"]
     assert report["fit"]["loss_relative_difference"] < 1e-5  # float32 on CPU: FSDP2 computes the same step
     assert f"wrote {out}" in printed
 
