@@ -59,7 +59,8 @@ class Tokenizer:
             self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
         except (RuntimeError, OSError) as e:
             raise DataError(f"{self.model_file}: not a SentencePiece model ({e})") from None
-        self.vocab_size, self.unk_id = self.sp.get_piece_size(), self.sp.unk_id()
+        self.vocab_size = self.sp.get_piece_size()
+        self.unk_id = self.sp.unk_id()
         ids = []
         for piece, fallback in ((PAD, self.sp.pad_id()), (CLS, -1), (SEP, -1), (MASK, -1)):
             i = self.sp.piece_to_id(piece)  # (unk_id for a piece it does not have)
@@ -195,6 +196,7 @@ def mask_tokens(ids, rng, tokenizer, max_predictions, masked_lm_prob=0.15):
 # Where a stream is in one language's share (a few ints per stream and language: the loader's state).
 READER = np.dtype([(name, np.int64) for name in ("pass", "chunk", "doc", "line", "token", "any", "borrow")])
 CACHED = 8  # chunks (and chunk orders) a stream keeps in memory, however many languages there are
+
 # What every stream needs, the same in every process (picklable for DataLoader workers): [(language, [paths])],
 # sorted; the languages' cumulative probabilities; {path: bytes}; the number of streams S; and the loader's settings.
 _Corpus = collections.namedtuple("_Corpus", "langs cdf sizes streams seed shuffle_bytes")

@@ -148,14 +148,15 @@ class PredictConfig:
 
 def to_tensors(features, seq_len, pad_id):
     """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
-    "attention_mask". Padding, in place: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
+    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
     pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
+    columns = {}
     for f in features:
-        f["attention_mask"] = [1] * len(f["input_ids"])
-        for key, values in f.items():
-            if isinstance(values, list):  # one per position, padded to seq_len
-                values += [pads.get(key, -100)] * (seq_len - len(values))
-    return {key: torch.tensor([f[key] for f in features]) for key in features[0]}
+        for key, value in {**f, "attention_mask": [1] * len(f["input_ids"])}.items():
+            if isinstance(value, list):  # one per position, padded to seq_len (a copy: the features stay as made)
+                value = value + [pads.get(key, -100)] * (seq_len - len(value))
+            columns.setdefault(key, []).append(value)
+    return {key: torch.tensor(values) for key, values in columns.items()}
 
 
 def pair_features(tokenizer, examples, labels, seq_len):
@@ -260,7 +261,8 @@ def decode_spans(examples, meta, start_logits, end_logits, n_best=20, max_answer
         offsets, example = m["offsets"], m["example"]
         # The positions that may bound an answer: context pieces with a character of their own.
         shows = [o is not None and o[0] < o[1] for o in offsets] + [False] * (start_logits.shape[1] - len(offsets))
-        starts, ends = (torch.topk(x[i], min(n_best, x.shape[1])).indices.tolist() for x in (start_logits, end_logits))
+        starts = torch.topk(start_logits[i], min(n_best, start_logits.shape[1])).indices.tolist()
+        ends = torch.topk(end_logits[i], min(n_best, end_logits.shape[1])).indices.tolist()
         for s, t in itertools.product(starts, ends):
             if shows[s] and m["max_context"][s] and shows[t] and s <= t < s + max_answer_length:
                 score = float(start_logits[i, s] + end_logits[i, t])
