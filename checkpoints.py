@@ -292,10 +292,9 @@ def remove_partial_saves(paths, log):
 
 
 def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer, log):
-    """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format (by parameter name, so
-    that any number of processes reshards them), every process's data position and random state (tensors and JSON),
-    and last, checkpoint.json: both configs, the step, the tokenizer (by path and digest) and every file's SHA-256.
-    Then the oldest beyond --keep go."""
+    """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format (by parameter name: any
+    number of processes reshards them), every process's data position and random state, and last, checkpoint.json
+    (both configs, the step, the tokenizer, every file's SHA-256; docs/scaling.md). Then the oldest beyond --keep go."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     path = os.path.join(cfg.out_dir, f"ckpt-{step:08d}")
     if runtime.on_main(lambda: os.path.lexists(path)):  # (resuming set every later checkpoint aside)
@@ -451,11 +450,6 @@ def from_hf(path, cls=MaskedLM):
         raise DataError(f"{path}: tie_word_embeddings, but its output embedding (cls.predictions.decoder) "
                         f"differs from its input embedding")
     return model
-
-
-def encoder_from_hf(path):
-    """The Encoder of a Hugging Face RemBERT directory (see `from_hf`)."""
-    return from_hf(path, Encoder)
 
 
 def _read_hf(path):

@@ -3,17 +3,10 @@ multilingual masked-LM stream of pre-training (mBERT's input, after google-resea
 and the readers of the XTREME task files.
 
 MLMLoader yields batches forever (input_ids, token_type_ids, attention_mask (B, T); masked_positions, masked_ids,
-masked_weights (B, P)), with an exact state_dict(). Its data: a file, a directory of *.txt or a list of them; UTF-8,
-one sentence per line, a blank line between documents; a file's language is its name up to the first dot (en.2.txt).
-  * Streams: row b of micro-batch a of process `rank`, made by DataLoader worker w, is stream s = w * G + (a *
-    world_size + rank) * batch_size + b of S = max(num_workers, 1) * G (G: the global batch). It reads the lines that
-    start in bytes [s/S, (s+1)/S) of every file, so a run resumes on any split of G over processes and accumulation.
-  * Languages: each row is one, drawn with p_l ∝ n_l^alpha (n_l: its lines); a share used up repeats, reshuffled.
-  * Shuffling, bounded: each pass, a share's chunks of `shuffle_bytes` and a chunk's documents in a random order.
-  * Packing: [CLS] + the language's next pieces + [SEP], every row full (RoBERTa's FULL-SENTENCES). Masking, BERT's:
-    15% of the pieces (at most max_predictions, never [CLS]/[SEP]): 80% [MASK], 10% a random piece, 10% unchanged.
-  * Memory is flat, and every draw a function of the seed and a position: restored, with or without workers, a loader
-    yields exactly the uninterrupted one's batches.
+masked_weights (B, P)), with an exact state_dict(); docs/data.md describes its data, languages, packing, masking,
+shuffling and memory. Row b of micro-batch a of process `rank`, made by DataLoader worker w, is stream s = w * G +
+(a * world_size + rank) * batch_size + b of S = max(num_workers, 1) * G (G: the global batch), which reads the lines
+that start in bytes [s/S, (s+1)/S) of every file: a run resumes on any split of G over processes and accumulation.
 """
 
 import collections
@@ -418,8 +411,7 @@ def corpus_files(data):
 
 
 def count_lines(path):
-    """(non-blank lines, SHA-256) of a corpus file, in one streaming pass that checks it: text (UTF-8, no NUL byte)
-    with a non-blank line."""
+    """(non-blank lines, SHA-256) of a corpus file, in one pass that checks it: UTF-8, no NUL byte, a non-blank line."""
     lines = blank = size = 0
     digest = hashlib.sha256()
     with open(path, "rb") as f:
@@ -541,7 +533,6 @@ def read_text(path):
 def check_label(label, labels, source):
     if label not in labels:
         raise DataError(f"{source}: unknown label {label!r}; expected one of {', '.join(labels)}")
-    return labels.index(label)
 
 
 def read_pairs(path, labels=None, labelled=False):

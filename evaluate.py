@@ -323,9 +323,8 @@ def translation_probe(encoder, source, target, cls_id, sep_id, pad_id, max_len=1
 
 
 def read_parallel(source_path, target_path, unit="questions"):
-    """Parallel sentences: two SQuAD-format JSON files (XQuAD: the same question ids and paragraph order in
-    every language), paired by question id or (unit="contexts") by their paragraphs' question ids; or two
-    line-parallel text files."""
+    """Parallel sentences: two SQuAD-format JSON files (XQuAD: the same question ids in every language), paired
+    by question id or (unit="contexts") by their paragraphs' question ids; or two line-parallel text files."""
     if (Path(source_path).suffix == ".json") != (Path(target_path).suffix == ".json"):
         raise DataError(f"{source_path} and {target_path}: two SQuAD-format .json files, or two text files")
     if Path(source_path).suffix != ".json" and unit == "contexts":

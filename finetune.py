@@ -40,7 +40,7 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from checkpoints import (CHECKPOINT_INFO, DataError, claim, encoder_from_hf, from_checkpoint, load_checkpoint,
+from checkpoints import (CHECKPOINT_INFO, DataError, claim, from_checkpoint, from_hf, load_checkpoint,
                          remove_partial_saves, save_hf, sha256, write_json)
 from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier
 from pretrain import build_optimizer, lr_at, weights_are_sound
@@ -147,9 +147,8 @@ class PredictConfig:
 
 
 def to_tensors(features, seq_len, pad_id):
-    """Features (dicts of per-position lists and per-sequence ints) -> (N, seq_len) / (N,) long tensors and an
-    "attention_mask". Padding: pad_id in input_ids, 0 in token_type_ids and the mask, else -100 (no loss)."""
-    pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}
+    """Features (dicts of per-position lists, per-sequence ints) -> (N, seq_len) / (N,) tensors and "attention_mask"."""
+    pads = {"input_ids": pad_id, "token_type_ids": 0, "attention_mask": 0}  # the rest (labels): -100, no loss
     columns = {}
     for f in features:
         for key, value in {**f, "attention_mask": [1] * len(f["input_ids"])}.items():
@@ -284,7 +283,7 @@ def build_encoder(cfg, log):
         encoder = Encoder(CONFIGS[cfg.config])
         log(f"random {cfg.config} encoder")
     elif os.path.isfile(os.path.join(cfg.init, "config.json")):
-        encoder = encoder_from_hf(cfg.init)
+        encoder = from_hf(cfg.init, Encoder)
         log(f"{cfg.init}: Hugging Face RemBERT encoder")
     else:
         model = from_checkpoint(cfg.init)
@@ -339,9 +338,9 @@ def load_finetuned(path):
         found = settings_digest(info) if name == "finetune.json" else sha256(os.path.join(path, name))
         if found != digest:
             raise DataError(f"{os.path.join(path, name)}: damaged or edited (its SHA-256 is not the one saved with it)")
-    model = build_model(task, encoder_from_hf(path), dropout=0.0)
+    model = build_model(task, from_hf(path, Encoder), dropout=0.0)
     state = load_file(os.path.join(path, "model.safetensors"))
-    try:  # the head's weights (encoder_from_hf read the rest)
+    try:  # the head's weights (from_hf read the rest)
         model.load_state_dict({n: state[n] for n in model.state_dict() if not n.startswith("encoder.")}, strict=False)
     except (KeyError, RuntimeError) as e:  # finetune.json names another task than the weights were trained for
         raise DataError(f"{path}: no {info['task']} head in model.safetensors ({type(e).__name__}: {e})") from None

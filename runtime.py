@@ -162,9 +162,8 @@ class Runtime:
                 os.remove(tmp)
 
     def distributed_checkpoint(self, state, path, load=False, planner=None):
-        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory, which
-        any number of processes reads. Sharded, each process writes and reads its own shards; replicated, the main
-        process writes all, and each process reads all. Its metadata is read by checkpoints.read_metadata."""
+        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory. Sharded,
+        each process writes and reads its own shards; replicated, the main process writes all, and each reads all."""
         collective = self.fsdp and dist.is_initialized()
         with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
             warnings.filterwarnings("ignore", "torch.distributed is disabled")
@@ -255,10 +254,9 @@ def setup_runtime(device="auto", fsdp=False, batch_size=None):
 
 
 def keep_freed_memory():
-    """glibc gives the memory a CPU training step frees back to the kernel (it trims the heap's top and unmaps blocks
-    above a threshold it raises as it goes) and the next step faults it in again, page by page: for the `tiny` model
-    about 110 MB and 11,000-29,000 page faults a step. Here the heap keeps up to 1 GB free at its top, and blocks
-    under 32 MB come from the heap; larger ones are still returned when freed. The user's own MALLOC_* settings win."""
+    """glibc gives the memory a CPU training step frees back to the kernel and the next step faults it in again,
+    page by page (docs/performance.md: about 110 MB a step for `tiny`). Here the heap keeps up to 1 GB free at its
+    top, and blocks under 32 MB come from it; larger ones are still returned. The user's MALLOC_*/GLIBC_TUNABLES win."""
     libc = ctypes.CDLL(None) if os.name == "posix" else None
     if hasattr(libc, "gnu_get_libc_version") and not any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"
                                                          for k in os.environ):

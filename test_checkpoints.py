@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from checkpoints import DataError, encoder_from_hf, from_hf, load_checkpoint, save_hf
+from checkpoints import DataError, from_hf, load_checkpoint, save_hf
 from model import Encoder, MaskedLM, count_parameters
 from test_model import SMALL, batch, hf_config
 
@@ -28,7 +28,7 @@ def test_a_config_without_optional_keys_loads_as_transformers_reads_it(tmp_path)
     theirs = transformers.RemBertModel.from_pretrained(tmp_path).eval()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no dropout mismatch to warn about: both are transformers' 0
-        ours = encoder_from_hf(tmp_path).eval()
+        ours = from_hf(tmp_path, Encoder).eval()
     assert ours.config.dropout == theirs.config.hidden_dropout_prob == 0.0
     input_ids, token_type_ids, attention_mask = batch(SMALL)
     with torch.no_grad():
@@ -72,13 +72,13 @@ def test_malformed_safetensors_are_refused_by_name(tmp_path, header):
         header = struct.pack("<Q", len(text)) + text + b"\0" * 4
     (tmp_path / "model.safetensors").write_bytes(header)
     with pytest.raises(DataError, match="model.safetensors: not a readable safetensors file"):
-        encoder_from_hf(tmp_path)
+        from_hf(tmp_path, Encoder)
 
 
 def test_a_config_nested_deeper_than_python_reads_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
     with pytest.raises(DataError, match="config.json: not a RemBERT config"):
-        encoder_from_hf(tmp_path)
+        from_hf(tmp_path, Encoder)
 
 
 @pytest.mark.parametrize("damage", ["central directory compression", "local header name length", "not a zip"])
@@ -122,11 +122,11 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_refused(tmp_path):
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
     with pytest.raises(DataError, match="says 2 layers, but it also holds encoder.layer.2"):
-        encoder_from_hf(tmp_path)
+        from_hf(tmp_path, Encoder)
     (tmp_path / "model.safetensors").unlink()
     torch.save([torch.zeros(1)], tmp_path / "pytorch_model.bin")
     with pytest.raises(DataError, match="its weights are not a dict of named tensors"):
-        encoder_from_hf(tmp_path)
+        from_hf(tmp_path, Encoder)
 
 
 def test_unfactorized_models_export_with_an_identity_projection(tmp_path):
@@ -193,7 +193,7 @@ def test_a_decoder_another_activation_or_another_architecture_is_refused(tmp_pat
         (tmp_path / "config.json").write_text(json.dumps({**config, **change}))
         with pytest.raises(DataError, match="supported are RemBERT encoders .model_type rembert, is_decoder false. "
                                             "with hidden_act 'gelu'"):
-            encoder_from_hf(tmp_path)
+            from_hf(tmp_path, Encoder)
 
 
 def test_a_checkpoint_in_shards_is_refused_not_an_earlier_file_beside_it(tmp_path):
@@ -213,11 +213,11 @@ def test_one_dropout_rate_or_a_warning(tmp_path):
     hf = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**hf, "attention_probs_dropout_prob": 0.3}))
     with pytest.warns(UserWarning, match="attention_probs_dropout_prob is not hidden_dropout_prob, used for both"):
-        encoder_from_hf(tmp_path)
+        from_hf(tmp_path, Encoder)
     del hf["attention_probs_dropout_prob"]  # transformers reads it as 0.0, not as hidden_dropout_prob
     (tmp_path / "config.json").write_text(json.dumps({**hf, "hidden_dropout_prob": 0.1}))
     with pytest.warns(UserWarning, match="attention_probs_dropout_prob is not hidden_dropout_prob, used for both"):
-        encoder_from_hf(tmp_path)
+        from_hf(tmp_path, Encoder)
 
 
 def test_from_hf_names_a_tensor_of_another_shape_or_not_finite(tmp_path):

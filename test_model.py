@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from configs import CONFIGS
-from checkpoints import encoder_from_hf, from_hf, save_hf
+from checkpoints import from_hf, save_hf
 from model import Encoder, MaskedLM, ModelConfig, SequenceClassifier, SpanExtractor, TokenClassifier, count_parameters
 
 SMALL = ModelConfig(vocab_size=97, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64,
@@ -70,7 +70,7 @@ def test_encoder_and_heads_match_transformers(tmp_path):
     torch.manual_seed(0)
     hf = transformers.RemBertModel(hf_config(SMALL)).eval()  # with the pooler
     hf.save_pretrained(tmp_path / "base")
-    ours = encoder_from_hf(tmp_path / "base").eval()
+    ours = from_hf(tmp_path / "base", Encoder).eval()
     input_ids, token_type_ids, attention_mask = batch(SMALL)
     with torch.no_grad():
         ref = hf(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
