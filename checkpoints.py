@@ -389,9 +389,10 @@ _HF_CONFIG = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "num_lay
               "input_embedding_size": "input_embedding_size", "output_embedding_size": "output_embedding_size",
               "max_position_embeddings": "max_position_embeddings", "type_vocab_size": "type_vocab_size",
               "layer_norm_eps": "layer_norm_eps", "dropout": "hidden_dropout_prob"}
-_HF_ARCHITECTURES = {MaskedLM: "RemBertForMaskedLM", Encoder: "RemBertModel",
+_HF_ARCHITECTURES = {MaskedLM: "RemBertForMaskedLM", Encoder: "RemBertModel",  # (a subclass before its base)
+                     TokenClassifier: "RemBertForTokenClassification",
                      SequenceClassifier: "RemBertForSequenceClassification",
-                     TokenClassifier: "RemBertForTokenClassification", SpanExtractor: "RemBertForQuestionAnswering"}
+                     SpanExtractor: "RemBertForQuestionAnswering"}
 # Where a directory keeps its weights, in the order from_pretrained looks (an index names the shards of one).
 _HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -486,7 +487,8 @@ def save_hf(model, path):
     """Write `model` as transformers' RemBERT (config.json, model.safetensors): a MaskedLM as RemBertForMaskedLM (its
     pre-training-only layers have no place there: refused), an Encoder as RemBertModel, a task model as RemBertFor..."""
     from safetensors.torch import save_file
-    if type(model) not in _HF_ARCHITECTURES:
+    architecture = next((name for kind, name in _HF_ARCHITECTURES.items() if isinstance(model, kind)), None)
+    if architecture is None:
         raise TypeError(f"save_hf cannot export a {type(model).__name__}")
     if isinstance(model, MaskedLM) and model.config.pretraining_only_layers:
         raise ValueError("RemBERT's Hugging Face layout has no pre-training-only layers; export model.encoder")
@@ -500,7 +502,7 @@ def save_hf(model, path):
         state[prefix + hf_name("embedding_projection.weight")] = torch.eye(config.hidden_size)
         state[prefix + hf_name("embedding_projection.bias")] = torch.zeros(config.hidden_size)
     hf_config = {theirs: getattr(config, ours) for ours, theirs in _HF_CONFIG.items()}
-    hf_config.update(architectures=[_HF_ARCHITECTURES[type(model)]], model_type="rembert", hidden_act="gelu",
+    hf_config.update(architectures=[architecture], model_type="rembert", hidden_act="gelu",
                      pad_token_id=0, tie_word_embeddings=config.tie_embeddings,
                      attention_probs_dropout_prob=config.dropout)
     if isinstance(model, (SequenceClassifier, TokenClassifier)):

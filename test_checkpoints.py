@@ -54,6 +54,17 @@ def test_save_hf_round_trip_masked_lm(tmp_path):
             assert torch.equal(a, b), name
 
 
+
+def test_save_hf_exports_a_subclass_as_its_base(tmp_path):
+    """A user's subclass (a MaskedLM with a method of its own, say) is still a RemBERT: exported as its base."""
+    class MyMaskedLM(MaskedLM):
+        pass
+    torch.manual_seed(0)
+    save_hf(MyMaskedLM(SMALL), tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["RemBertForMaskedLM"]
+    with pytest.raises(TypeError, match="save_hf cannot export a Linear"):
+        save_hf(torch.nn.Linear(2, 2), tmp_path / "linear")
+
 @pytest.mark.parametrize("header", [
     struct.pack("<Q", 2**63) + b"{}",  # a header length past the file
     struct.pack("<Q", 5) + b"{abc}",  # not JSON
