@@ -15,7 +15,7 @@ device's dense bf16 peak. transformers' RemBERT has only eager attention, so tha
 
 `fit` runs pretrain.py's own step (its model, optimizer, train_step and, with --fsdp, FSDP2) at the first
 batch that fits the device; `gpu` runs every GPU measurement of docs/performance.md in one process tree and
-writes them to one JSON file (--device cpu tries it at tiny sizes).
+writes them to one JSON file (test_benchmark.py tries it on CPU, with tiny --config and batch flags).
 
   python benchmark.py model --config ein128-eout768 --batch-size 8 --phases pretrain  # base-like, CPU
   python benchmark.py model --config ein128-eout768 --device cuda --batch-size 256 --steps 20 --compile
@@ -415,7 +415,7 @@ class GPUBenchmark:
     """docs/performance.md's GPU figures in one run, into one JSON file: the base-size pre-training step against
     transformers' (eager and compiled, with a profile), RemBERT's step with and without FSDP2, and one model of
     reproduce.py's gpu preset, pre-trained and fine-tuned"""
-    device: str = flag("cuda", "cuda; cpu to try the command on tiny sizes", CPU_OR_CUDA)
+    device: str = flag("cuda", "cuda; cpu to try the command (with a tiny --config and small batches)", CPU_OR_CUDA)
     parts: list[str] = flag(list(GPU_PARTS), "what to measure", one_of(GPU_PARTS))
     config: str = flag("ein128-eout768", "the step's model (base size)", one_of(CONFIGS))
     batch_sizes: list[int] = flag([128, 64, 32], "the step's batches, tried in this order: the first at which both "
@@ -436,6 +436,10 @@ class GPUBenchmark:
         check_flags(self)
         for config in (self.config, self.fit_config):
             check_lengths(config, self.seq_len, self.predictions)
+        if "preset" in self.parts:  # reproduce.py's own checks of its files, before the GPU minutes are spent
+            import reproduce
+            reproduce.ReproduceConfig(data=self.data, panx=self.panx, xquad=self.xquad, device=self.device,
+                                      quick=self.quick)
 
 
 def gpu_step(cfg):
@@ -472,7 +476,10 @@ def gpu_step(cfg):
             except Exception as e:  # (the eager figures stand)
                 figures["compile_error"] = f"{type(e).__name__}: {e}"
     if ours:
-        figures["profile"] = profile(ours, device)  # (the compiled step, if it ran)
+        try:  # (the compiled step, if it ran; the rows stand if the profiler fails)
+            figures["profile"] = profile(ours, device)
+        except Exception as e:
+            figures["profile_error"] = f"{type(e).__name__}: {e}"
     return figures
 
 
@@ -506,8 +513,11 @@ def gpu_fit(cfg):
     command = ["benchmark.py", "fit", "--config", cfg.fit_config, "--device", cfg.device, "--seq-len",
                str(cfg.seq_len), "--predictions", str(cfg.predictions), "--batch-sizes", *map(str, cfg.fit_batch_sizes)]
     plain = run_json([sys.executable, *command])
-    fsdp = run_json([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", *command,
-                     "--fsdp"])
+    try:  # (the plain figures stand if FSDP2 fails)
+        fsdp = run_json([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1",
+                         *command, "--fsdp"])
+    except SystemExit as e:
+        fsdp = {"error": str(e)}
     figures = {"plain": plain, "fsdp": fsdp}
     if plain.get("batch_size") is not None and plain.get("batch_size") == fsdp.get("batch_size"):
         losses = [*plain["losses"], *fsdp["losses"]]
@@ -524,13 +534,15 @@ def gpu_preset(cfg):
     estimated from it: the set-up and baselines once, then every pre-trained model's run as long as this one's (the
     one with pre-training-only layers is deeper: an estimate), and the random encoder's fine-tuning."""
     import reproduce
-    preset = "quick" if cfg.quick else "gpu" if cfg.device == "cuda" else "cpu"  # as reproduce.py picks it
+    preset = reproduce.ReproduceConfig(data=cfg.data, panx=cfg.panx, xquad=cfg.xquad, device=cfg.device,
+                                       quick=cfg.quick).preset()
     p = reproduce.PRESETS[preset]
     name = f"E_out {4 * p['hidden']}"
     with tempfile.TemporaryDirectory() as out:
         started = time.time()
+        data, panx, xquad = (os.path.abspath(p) for p in (cfg.data, cfg.panx, cfg.xquad))  # (it runs in REPO)
         done = subprocess.run([sys.executable, "reproduce.py", "--device", cfg.device, "--models", name, "--seeds", "1",
-                               "--out-dir", out, "--data", cfg.data, "--panx", cfg.panx, "--xquad", cfg.xquad,
+                               "--out-dir", out, "--data", data, "--panx", panx, "--xquad", xquad,
                                *["--quick"] * cfg.quick], cwd=REPO, capture_output=True, text=True)
         seconds = time.time() - started
         if done.returncode:
@@ -582,9 +594,10 @@ def bench_gpu(cfg):
         for mode, r in report["fit"].items():
             if isinstance(r, dict):
                 memory = f"{r['peak_memory_bytes'] / 2**30:.1f} GiB" if r.get("peak_memory_bytes") else "-"
+                mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
                 print(f"{cfg.fit_config} {mode}: batch {r.get('batch_size')} x {cfg.seq_len} (out of memory at "
                       f"{r['out_of_memory']}): {r.get('step_seconds', 0):.3f} s/step, {r.get('tokens_per_s', 0):,.0f} "
-                      f"tok/s, MFU {r.get('mfu') or 0:.1%}, peak {memory}, losses "
+                      f"tok/s, MFU {mfu}, peak {memory}, losses "
                       f"{[round(x, 4) for x in r.get('losses', [])]}")
         print(f"losses finite: {report['fit'].get('losses_finite')}, relative difference "
               f"{report['fit'].get('loss_relative_difference')}")

@@ -95,7 +95,9 @@ def test_bad_settings_are_refused(tmp_path):
                              (["fit", "--device", "cpu", "--config", "tiny", "--batch-sizes", "2", "0"],
                               "--batch-sizes must be a positive number, got [2, 0]"),
                              (["gpu", "--device", "cpu", "--fit-config", "tiny", "--seq-len", "600"],
-                              "--seq-len must be at most 512 for ein128-eout768")):
+                              "--seq-len must be at most 512 for ein128-eout768"),
+                             (["gpu", "--device", "cpu", "--parts", "step", "preset", "--data", str(tmp_path / "no")],
+                              f"--data {tmp_path / 'no'} has no such directory")):  # (before the step is timed)
         out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
     with pytest.raises(ValueError, match="--phases must be one of pretrain, finetune, infer, got 'pretrain'"):
