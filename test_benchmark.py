@@ -12,7 +12,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import benchmark
-from configs import CONFIGS
+from configs import CONFIGS, run_script
 
 REPO = Path(__file__).parent
 
@@ -40,6 +40,7 @@ def test_flop_formula_counts_what_the_model_executes(phase):
     assert counter.get_total_flops() == benchmark.step_flops(config, T, P, phase) * B * T
 
 
+@pytest.mark.subprocess
 def test_model_command_prints_every_figure():
     pytest.importorskip("transformers")
     out = subprocess.run([sys.executable, "benchmark.py", "model", "--config", "tiny",
@@ -51,6 +52,7 @@ def test_model_command_prints_every_figure():
         assert f["output_check_max_diff"] < 1e-4  # the same loss / hidden states on both sides
 
 
+@pytest.mark.subprocess
 def test_gpu_command_writes_every_figure_of_its_parts(tmp_path):
     """The GPU measurements tried on CPU at tiny sizes: the step (the first batch that fits) against transformers
     with its profile, and pretrain.py's step without and with FSDP2 (torchrun, one process), the same losses."""
@@ -74,6 +76,7 @@ def test_gpu_command_writes_every_figure_of_its_parts(tmp_path):
     assert f"wrote {out}" in printed
 
 
+@pytest.mark.subprocess
 def test_loader_command_streams_the_corpus_it_is_given():
     out = subprocess.run([sys.executable, "benchmark.py", "loader", "--seconds", "2", "--batch-size", "4"],
                          cwd=REPO, capture_output=True, text=True, check=True).stdout  # --data sample_data
@@ -81,7 +84,9 @@ def test_loader_command_streams_the_corpus_it_is_given():
     assert "tokens/s" in out and "workers" in out
 
 
-def test_bad_settings_are_refused(tmp_path):
+def test_bad_settings_are_refused(tmp_path, capsys):
+    """Each refused as `python benchmark.py ...` refuses it (run_script around main), in this process: one line,
+    exit code 2."""
     for command, message in ((["loader", "--data", str(tmp_path)], "no *.txt files in this directory"),
                              (["loader", "--data", ""], "--data must be given"),
                              (["loader", "--batch-size", "0"], "--batch-size must be a positive number, got 0"),
@@ -98,8 +103,10 @@ def test_bad_settings_are_refused(tmp_path):
                               "--seq-len must be at most 512 for ein128-eout768"),
                              (["gpu", "--device", "cpu", "--parts", "step", "preset", "--data", str(tmp_path / "no")],
                               f"--data {tmp_path / 'no'} has no such directory")):  # (before the step is timed)
-        out = subprocess.run([sys.executable, "benchmark.py", *command], cwd=REPO, capture_output=True, text=True)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+        with pytest.raises(SystemExit) as exit:
+            run_script(lambda: benchmark.main(command))
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and err.count("\n") == 1 and message in err, err
     with pytest.raises(ValueError, match="--phases must be one of pretrain, finetune, infer, got 'pretrain'"):
         benchmark.ModelBenchmark(config="tiny", phases="pretrain")  # a str, not a list of phases
 

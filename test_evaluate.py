@@ -434,6 +434,7 @@ def test_score_reports_each_language_of_xnli_1_0s_own_files(capsys, tmp_path):
     assert all(value == 100.0 for lang, value in result["languages"].items() if lang != "de")
 
 
+@pytest.mark.subprocess
 def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
     gold = write(tmp_path / "gold.tsv", "a\tb\t1\n")
     for command, message in (
@@ -672,6 +673,7 @@ def test_load_masked_lm_checkpoint(tmp_path):
         from_checkpoint(tmp_path / "ckpt.pt")
 
 
+@pytest.mark.subprocess
 def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path):
     import torch
     import data

@@ -406,7 +406,7 @@ def test_xquad_zero_shot_on_held_out_articles_and_round_trip(files, tmp_path, ca
     xquad = SHARED / "xquad"
     langs = ("en", "de", "zh")
     table = run("--task", "xquad", "--config", "tiny", "--tokenizer", spm, "--train", xquad / "xquad.en.json",
-                "--train-fraction", "0.5", "--max-train", "16", "--max-eval", "12",
+                "--train-fraction", "0.5", "--max-train", "4", "--max-eval", "6",
                 "--eval", *(xquad / f"xquad.{lang}.json" for lang in langs), "--out-dir", tmp_path / "run",
                 *SMALL_ARGS)
     assert list(table) == [*langs, "average"] and set(table["de"]) == {"f1", "exact_match"}
@@ -416,7 +416,7 @@ def test_xquad_zero_shot_on_held_out_articles_and_round_trip(files, tmp_path, ca
     paragraphs = [p for a in held_out["data"] for p in a["paragraphs"]]
     kept, n = [], 0
     for p in paragraphs:
-        qas = p["qas"][:max(0, 12 - n)]
+        qas = p["qas"][:max(0, 6 - n)]
         n += len(qas)
         if qas:
             kept.append({**p, "qas": qas})
@@ -490,6 +490,7 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
         run(*args, "--resume")
 
 
+@pytest.mark.subprocess
 def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
     root, spm = files
     run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
@@ -788,6 +789,7 @@ def test_xquad_gold_answers_survive_features_and_decoding(tatoeba_tokenizer, lan
     assert scores["exact_match"] >= 98.0, scores
 
 
+@pytest.mark.subprocess
 def test_tagging_with_two_processes_trains_as_one(files, tmp_path):
     """--batch-size is the global batch: with sentences of unequal length, two processes (gloo) must weigh
     every labelled token as one process does, not average the processes' means."""

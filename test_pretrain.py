@@ -2,6 +2,7 @@
 model, the NaN guards, crash-safe and verified checkpoints, exact resume after SIGKILL, DDP on 2 CPU
 processes and the XLA path."""
 
+import fcntl
 import importlib
 import json
 import os
@@ -151,12 +152,14 @@ def test_every_command_prints_its_help(command, capsys):
     assert exit.value.code == 0 and out.out.startswith("usage:") and not out.err
 
 
+@pytest.mark.subprocess
 def test_ctrl_c_is_one_line():
     code = "from configs import run_script\ndef main():\n    raise KeyboardInterrupt\nrun_script(main)"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 130 and out.stderr == "-c: interrupted\n", out.stderr
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
 def test_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
     xla = "--device xla needs torch-xla (auto is xla where PJRT_DEVICE is set): pip install torch==2.9.0"
@@ -173,6 +176,7 @@ def test_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
         assert not (tmp_path / "out").exists()  # refused before the run claimed its --out-dir
 
 
+@pytest.mark.subprocess
 def test_a_model_too_large_for_memory_is_one_line_and_exit_2(tokenizer, tmp_path):
     # 10^12 x 64 float32 input embeddings: 256 TB, more than any address space holds, so every allocator refuses
     args = tiny_args(tokenizer, tmp_path, "--vocab-size", str(10 ** 12))
@@ -332,6 +336,7 @@ def test_fewer_predictions_than_bert_masks_are_said(tokenizer, tmp_path, capsys)
     assert "note: --max-predictions 5 masks 7.8% of --seq-len 64, not BERT's 15% (10 pieces)" in capsys.readouterr().out
 
 
+@pytest.mark.subprocess
 def test_a_terminal_that_cannot_show_a_path_gets_it_escaped(tokenizer, tmp_path):
     out = run_script(tokenizer, tmp_path / "données", "--steps", "2", env={**os.environ, "PYTHONIOENCODING": "ascii"})
     assert "donn\\xe9es" in out and "done: 2 steps" in out
@@ -352,6 +357,7 @@ def hold_out_dir(out_dir):
     return holder
 
 
+@pytest.mark.subprocess
 def test_a_second_run_on_an_out_dir_in_use_stops_at_once(tokenizer, tmp_path):
     holder = hold_out_dir(tmp_path)
     with pytest.raises(DataError, match="is in use by another run"):
@@ -439,6 +445,7 @@ def test_compiled_run_matches_eager_and_saves_plain_weights(tokenizer, tmp_path)
     assert torch.equal(saved["head.decoder.weight"], saved["encoder.embeddings.word_embeddings.weight"])  # coupled
 
 
+@pytest.mark.subprocess
 def test_resume_after_sigkill_is_bitwise_exact(tokenizer, tmp_path):
     # With a DataLoader worker: killed with the run's main process, it may outlive it a moment (no lock held).
     steps = ["--steps", "20", "--checkpoint-every", "1", "--keep", "2", "--grad-accum", "2", "--num-workers", "1"]
@@ -472,6 +479,7 @@ torch.save(model.state_dict(), os.path.join(train_config.out_dir, "rank%s.pt" % 
 """
 
 
+@pytest.mark.subprocess
 def test_torchrun_two_processes_match_one_process_with_the_global_batch(tokenizer, tmp_path):
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER.format(repo=str(REPO)))
@@ -514,6 +522,7 @@ def resumed_from(source, step, out_dir):
     return out_dir
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("tied", [False, True])
 def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenizer, tmp_path, tied):
     """--fsdp (FSDP2 on gloo) computes the one-process run at the same global batch (4 x 2 x 1 = 2 x 2 x 2); its
@@ -555,15 +564,20 @@ def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenize
 
 
 def xla_python():
-    """The torch 2.9 + torch-xla 2.9 environment; built here when missing (several minutes)."""
+    """The torch 2.9 + torch-xla 2.9 environment; built here when missing (several minutes), by one process while
+    the others wait (pytest-xdist's workers may ask at once)."""
     python = XLA_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(XLA_VENV)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.9.0", "torch-xla==2.9.0", "numpy",
-                        "sentencepiece>=0.2.2", "safetensors"], check=True)
+    XLA_VENV.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{XLA_VENV}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(XLA_VENV)], check=True)
+            subprocess.run([str(python), "-m", "pip", "install", "-q", "torch==2.9.0", "torch-xla==2.9.0", "numpy",
+                            "sentencepiece>=0.2.2", "safetensors"], check=True)
     return str(python)
 
 
+@pytest.mark.subprocess
 def test_running_out_of_xla_memory_is_said_first():
     # torch-xla's error is a plain RuntimeError ("Out of memory allocating ...", on a TPU "RESOURCE_EXHAUSTED");
     # its exit hook then reports the failed computation again and exits 1, which is torch-xla's to decide.
@@ -574,6 +588,7 @@ def test_running_out_of_xla_memory_is_said_first():
     assert out.returncode != 0 and out.stderr.startswith("-c: error: out of memory (Out of memory"), out.stderr
 
 
+@pytest.mark.subprocess
 def test_a_coupled_model_stays_coupled_on_xla_and_spmd_fsdp_is_the_one_device_run(tokenizer, tmp_path):
     """Moved to an XLA device, a coupled model's one matrix became two (trained apart); SPMD with FSDPv2's
     sharding over 4 CPU devices computes what one device does, and resumes from its shards."""
@@ -598,6 +613,7 @@ def logged(stdout, field):
             if line.startswith("step ")]
 
 
+@pytest.mark.subprocess
 def test_xla_matches_eager_cpu_and_stops_compiling(tokenizer, tmp_path):
     common = ["--steps", "8", "--checkpoint-every", "4", "--grad-accum", "2"]
     env = {**os.environ, "PJRT_DEVICE": "CPU"}
@@ -651,6 +667,7 @@ def test_a_run_touches_only_its_own_checkpoint_folders_and_rotates_a_moved_one_b
     assert [Path(p).name for p in checkpoints.checkpoint_paths(out)] == ["ckpt-00000004"]
 
 
+@pytest.mark.subprocess
 def test_a_crafted_checkpoint_runs_nothing_and_is_refused_by_name(tokenizer, tmp_path, capsys):
     run(tokenizer, tmp_path / "run", "--steps", "4", "--checkpoint-every", "2")
     newest, marker = tmp_path / "run" / "ckpt-00000004", tmp_path / "ran"
@@ -773,6 +790,7 @@ def two_processes(tokenizer, out_dir, *extra):
                              stderr=subprocess.PIPE, text=True) for r in (0, 1)]
 
 
+@pytest.mark.subprocess
 def test_one_process_stopping_stops_every_process_with_one_line(tokenizer, tmp_path):
     holder = hold_out_dir(tmp_path / "held")
     try:

@@ -101,6 +101,7 @@ def test_each_step_of_a_comparison_has_its_verdict():
     assert claims["+4 pre-training-only layers: held-out MLM loss falls"][1] == "visible (n=2 to 4 seeds)"
 
 
+@pytest.mark.subprocess
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_quick_run_writes_the_tables_and_both_figures(tmp_path):
     out = tmp_path / "out"
@@ -130,6 +131,7 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path):
     assert again.returncode == 0 and "[1/" not in again.stdout  # every run was done: nothing runs again
 
 
+@pytest.mark.subprocess
 def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path):
     (tmp_path / "other").mkdir()  # results of another preset
     (tmp_path / "other" / "results.json").write_text(json.dumps({"setup": {"preset": {}}, "results": {}}))
