@@ -5,6 +5,7 @@ per-language table and results.json (one row per language, also from XNLI 1.0's 
 are refused by name; the saved model predicts with `finetune.py predict`, and `evaluate.py score`
 reproduces the table."""
 
+import fcntl
 import json
 import os
 import re
@@ -747,11 +748,17 @@ def test_no_span_starts_or_ends_with_a_blank(tokenizer):
     assert "港口" in answers and "Ruffalo" in answers
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tatoeba_tokenizer(tmp_path_factory):
-    """8000 pieces trained by the project on the shared Tatoeba corpus (113 languages)."""
-    return data.Tokenizer(data.train_tokenizer(str(SHARED / "corpus" / "tatoeba"), 8000,
-                                               str(tmp_path_factory.mktemp("tatoeba") / "spm")))
+    """8000 pieces trained by the project on the shared Tatoeba corpus (113 languages): once a run, by the first of
+    pytest-xdist's workers to ask while the others wait (their temporary folders share a parent)."""
+    root = tmp_path_factory.getbasetemp()
+    root = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    with open(root / "tatoeba.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (root / "tatoeba" / "spm.model").exists():
+            data.train_tokenizer(str(SHARED / "corpus" / "tatoeba"), 8000, str(root / "tatoeba" / "spm"))
+    return data.Tokenizer(str(root / "tatoeba" / "spm.model"))
 
 
 def gold_round_trip(tokenizer, path, lang=None):
