@@ -67,7 +67,7 @@ MARGIN = 0.1  # nats: a run whose held-out loss is not this far below the unigra
 PRESETS = {
     # Enough for most models to leave the unigram model behind, and PAN-X to give F1 above 0, in 3 minutes.
     "quick": dict(hidden=64, layers=2, heads=2, small=16, extra_layers=2, vocab=2000, seq_len=64, batch_size=16,
-                  steps=200, warmup=20, lr=2e-3, eval_every=50, eval_batches=4, finetune_lr=3e-3, epochs=2,
+                  steps=250, warmup=25, lr=2e-3, eval_every=50, eval_batches=10, finetune_lr=3e-3, epochs=2,
                   finetune_batch=16, finetune_seq_len=64, max_train=1000, max_eval=100, probe_pairs=200, seeds=1,
                   loader_workers=0),
     # Chosen so that E_out 4H and the 4 pre-training-only layers train soundly (with 45 warm-up steps at 2e-3
