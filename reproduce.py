@@ -363,7 +363,7 @@ def summarize(results, baselines, p, out_dir, preset, chance):
              f"{p.finetune_lr:g}, batch {p.finetune_batch}, {p.finetune_seq_len} pieces), zero-shot: the mean over "
              f"{', '.join(lang for lang in PANX_LANGS if lang != 'en')}. Mean ± standard deviation over each model's "
              f"sound runs, one a seed (collapsed: how many of its seeds' runs were left out; a model whose every run "
-             f"collapsed shows those runs' values, marked, and enters no claim).", "",
+             f"collapsed shows those runs' values in parentheses, and enters no claim).", "",
              *([f"The quick preset shows the pipeline at work, not the paper's effects: one seed a model gives no "
                 f"spread to judge a difference against, and in {tokens / 1e6:.2g}M tokens (the cpu preset's: 3.3M) "
                 f"a model may not yet pass the collapse check (held-out loss {MARGIN} nats below the unigram model's "
@@ -385,10 +385,10 @@ def summarize(results, baselines, p, out_dir, preset, chance):
         if name not in results:  # (not run: --models named others)
             continue
         (runs, label), counts = drawn(results, name), next(iter(results[name].values()))["parameters"]
-        lines.append(f"| {name}{' (collapsed)' * (label != name)} | {counts['pretraining'] / 1e6:.2f}M / "
-                     f"{counts['finetuning'] / 1e6:.2f}M | "
-                     f"{cell([final(r, 'loss') for r in runs])} | {cell([final(r, 'accuracy') for r in runs])} | "
-                     f"{cell([r['panx']['en'] for r in runs])} | {cell([r['panx']['zero_shot'] for r in runs])} | "
+        shown = cell if label == name else lambda values: f"({cell(values)})"  # every run collapsed: in parentheses
+        lines.append(f"| {name} | {counts['pretraining'] / 1e6:.2f}M / {counts['finetuning'] / 1e6:.2f}M | "
+                     f"{shown([final(r, 'loss') for r in runs])} | {shown([final(r, 'accuracy') for r in runs])} | "
+                     f"{shown([r['panx']['en'] for r in runs])} | {shown([r['panx']['zero_shot'] for r in runs])} | "
                      f"{len(results[name]) - len(sound(results, name))} of {len(results[name])} | "
                      f"{' | '.join(map(str, paper))} |")
     lines += ["", "| the paper's claim | measured here, per step (against twice the larger sd) | verdict |",
