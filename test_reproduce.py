@@ -103,7 +103,8 @@ def test_each_step_of_a_comparison_has_its_verdict():
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, capsys):
-    """The quick preset's pipeline on 40 steps and a fifth of its PAN-X sentences: what it writes, not what it learns."""
+    """The quick preset's pipeline on 40 steps and a fifth of its PAN-X sentences: what it writes, not what it
+    learns."""
     monkeypatch.setitem(reproduce.PRESETS, "quick", {**reproduce.PRESETS["quick"], "steps": 40, "warmup": 10,
                                                      "eval_every": 20, "eval_batches": 4, "epochs": 1, "max_train": 200,
                                                      "max_eval": 50})
