@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import typing
+import warnings
 from dataclasses import MISSING, field, fields, replace
 from functools import partial
 
@@ -106,7 +107,7 @@ FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
 GIVEN = (bool, "given")  # a value at all (a list: at least one)
 SEED = (lambda v: 0 <= v < 2 ** 32, "an integer in [0, 2^32)")  # torch.manual_seed takes seed + rank
 DEVICE = (resolve_device, "auto, cpu, cuda or xla")  # resolve_device says why a device cannot be used
-XQUAD = (os.path.isfile, "an existing file (XQuAD: the README's \"Data\" section says where to get it)")
+XQUAD = (os.path.isfile, "an existing file (XQuAD: docs/data.md says where to get it)")
 
 
 def at_least(low):
@@ -177,8 +178,10 @@ def build(parser, cls, values):
 def parse_command_line(doc, commands, argv=None):
     """The whole command line of a script: `commands` is a dataclass, or {name: dataclass} for a script
     whose first word picks one (python evaluate.py score --task ...). Returns (name or None, instance)."""
-    parser = ArgumentParser(description=doc)
+    parser, argv = ArgumentParser(description=doc), sys.argv[1:] if argv is None else argv
     if isinstance(commands, dict):
+        if argv[:1] not in ([name] for name in [*commands, "-h", "--help"]):  # (argparse reads a flag's value as one)
+            parser.error(f"the first word must be the command, one of {', '.join(commands)}; then its flags")
         words = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
         for name, cls in commands.items():
             add_flags(words.add_parser(name, help=cls.__doc__.split("\n")[0], description=cls.__doc__), cls)
@@ -194,6 +197,7 @@ def run_script(main):
     with one line and exit code 2, not a traceback."""
     for stream in (sys.stdout, sys.stderr):  # a path or text the terminal's encoding cannot show: escaped
         stream.reconfigure(errors="backslashreplace")
+    warnings.formatwarning = lambda message, *_: f"{sys.argv[0]}: warning: {message}\n"  # one line, no source line
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C: checkpoints, results and predictions are written whole or not at all

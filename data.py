@@ -390,11 +390,18 @@ def corpus_files(data):
         raise TypeError("corpus files: a file, a directory or a list of them, not a dict")
     langs = {}
     for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
-        found = [path] if not os.path.isdir(path) else sorted(  # (a compressed *.txt.gz is refused below)
+        found = [path] if not os.path.isdir(path) else sorted(  # every file: none is left out unread
             p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True, include_hidden=True)
-            if re.search(r"\.txt(\.gz|\.bz2|\.xz|\.zst)?$", p))
+            if not os.path.isdir(p) or p.endswith(".txt"))
         if not found:
             raise DataError(f"{path}: no *.txt files in this directory or its folders")
+        # A folder's file is read when its name is a language code (en, zh-Hant) up to the first dot, then *.txt
+        # (a compressed one is refused below, by name); any other (JSON, a licence, a README) stops the run.
+        if os.path.isdir(path) and (odd := [os.path.relpath(p, path) for p in found if not re.fullmatch(
+                r"[a-z]{2,3}([-_][A-Za-z0-9]+)*(\..*)?\.txt(\.gz|\.bz2|\.xz|\.zst)?", os.path.basename(p))]):
+            raise DataError(f"{path}: {', '.join(odd[:5])}{f' and {len(odd) - 5} more' * (len(odd) > 5)}: a corpus "
+                            f"file's language is its name up to the first dot and its text plain *.txt (en.txt, "
+                            f"de.2.txt), which these are not; move them out, or pass --data the files to read")
         for p in found:
             if os.path.basename(p).startswith("."):
                 raise DataError(f"{p}: a corpus file's language is its name up to the first dot; this has none")

@@ -188,7 +188,8 @@ def tagging_features(tokenizer, examples, labels, seq_len):
         features.append({"input_ids": ids + [tokenizer.sep_id], "token_type_ids": [0] * (len(ids) + 1),
                          "labels": row_labels + [-100]})
     if cut:
-        warnings.warn(f"{cut} words did not fit in {seq_len} pieces: not trained on, predicted as {labels[0]!r}")
+        warnings.warn(f"{cut} words did not fit in {seq_len} pieces (--seq-len): the model does not see them; "
+                      f"training learns nothing from them, prediction tags them {labels[0]!r}")
     return to_tensors(features, seq_len, tokenizer.pad_id)
 
 
@@ -327,6 +328,10 @@ def settings_digest(info):
 
 def load_finetuned(path):
     from safetensors.torch import load_file
+    if not os.path.isfile(os.path.join(path, "finetune.json")):  # (the folder of a run that finished has one)
+        pretrained = os.path.isfile(os.path.join(path, CHECKPOINT_INFO))
+        raise DataError(f"{path}: {'a pre-training checkpoint' if pretrained else 'no finetune.json'}, not a model "
+                        f"finetune.py saved; fine-tune first, then predict with its run's folder (OUT/lr-RATE/seed-N)")
     try:
         info = evaluate.read_json(os.path.join(path, "finetune.json"))
         task, digests = TASKS[info["task"]], dict(info["sha256"])
@@ -546,6 +551,7 @@ def predict_file(cfg):
         else:
             f.write("".join(label + "\n" for label in predictions))
     os.replace(tmp, cfg.output)
+    print(f"wrote {cfg.output}: {cfg.task} predictions for the {len(examples)} examples of {cfg.input}")
 
 
 def with_defaults(cfg, encoder_config, log):
@@ -554,9 +560,12 @@ def with_defaults(cfg, encoder_config, log):
         lrs, batch_size, source = [task.rembert[0]], task.rembert[1], "Table 15's, for an encoder of RemBERT's shape"
     else:
         lrs, batch_size, source = list(task.lrs), 32, "Table 10's"
-    log(f"defaults: {source}: learning rates {', '.join(f'{lr:g}' for lr in lrs)}, batch {batch_size}"
-        + (f" (overridden: --lr {cfg.lr} --batch-size {cfg.batch_size})" if cfg.lr or cfg.batch_size else ""))
-    return replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size, seq_len=cfg.seq_len or task.seq_len)
+    given = " and ".join(name for name, value in (("--lr", cfg.lr), ("--batch-size", cfg.batch_size)) if value)
+    cfg = replace(cfg, lr=cfg.lr or lrs, batch_size=cfg.batch_size or batch_size, seq_len=cfg.seq_len or task.seq_len)
+    log(f"defaults: {source}: learning rates {', '.join(f'{lr:g}' for lr in lrs)}, batch {batch_size}" + (
+        f"; overridden by {given}: learning rates {', '.join(f'{lr:g}' for lr in cfg.lr)}, batch {cfg.batch_size}"
+        if given else ""))
+    return cfg
 
 
 def check_out_dir(cfg, runtime, log):

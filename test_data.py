@@ -502,6 +502,26 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
         data.MLMLoader(str(tmp_path / "hidden"), tokenizer)
     with pytest.raises(TypeError, match=r"not a dict"):  # {language: files} is not a form: the name says it
         data.MLMLoader({"en": [str(good)]}, tokenizer)
+
+
+def test_a_corpus_folder_reads_every_file_or_names_those_it_cannot(tmp_path):
+    """XQuAD's folder as --data: its JSON files and licence text named, not skipped (the licence was read as a
+    language "LICENSE-CC-BY-SA-4"); a folder of language-named text files reads every one."""
+    xquad = tmp_path / "xquad"
+    xquad.mkdir()
+    for name in ("LICENSE-CC-BY-SA-4.0.txt", "xquad.de.json", "xquad.en.json"):
+        (xquad / name).write_text("text\n")
+    message = r"xquad: LICENSE-CC-BY-SA-4.0.txt, xquad.de.json, xquad.en.json: a corpus file's language is its name"
+    with pytest.raises(data.DataError, match=message):
+        data.corpus_files(str(xquad))
+    (tmp_path / "corpus" / "wiki").mkdir(parents=True)
+    for name in ("en.txt", "de.2.txt", "wiki/zh-Hant.txt", "wiki/README"):
+        (tmp_path / "corpus" / name).write_text("text\n")
+    with pytest.raises(data.DataError, match=r"corpus: wiki/README: a corpus file's language"):
+        data.corpus_files(str(tmp_path / "corpus"))
+    (tmp_path / "corpus" / "wiki" / "README").unlink()
+    assert {lang: len(paths) for lang, paths in data.corpus_files(str(tmp_path / "corpus")).items()} == {
+        "de": 1, "en": 1, "zh-Hant": 1}
     (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbf\nline\n")  # a byte order mark on a blank first line
     assert data.count_lines(str(tmp_path / "bom.txt"))[0] == 1
     (tmp_path / "stray.txt").write_bytes(b"one\r\ntw\ro\r\r\nthree")  # a stray carriage return is a blank

@@ -446,7 +446,9 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
               str(gold), "--max-len", "2"], "--max-len"),
             # No data/ (the default place of XTREME's files): where to get them, not a traceback.
             (["translation-probe", "--checkpoint", "c.pt", "--source", str(tmp_path / "none.json")],
-             "--source must be an existing file (XQuAD: the README's \"Data\" section says where to get it)")):
+             "--source must be an existing file (XQuAD: docs/data.md says where to get it)"),
+            (["--task", "xquad", "--gold", str(gold), "--predictions", str(gold)],  # no command: not "invalid choice"
+             "the first word must be the command, one of score, mlm-accuracy, translation-probe")):
         out = subprocess.run([sys.executable, "evaluate.py", *command], cwd=REPO, capture_output=True, text=True)
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 

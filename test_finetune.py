@@ -344,6 +344,8 @@ def test_defaults_are_table_10_and_table_15_for_rembert():
         assert (args.lr, args.batch_size) == ([lr], batch) and "Table 15's, for an encoder of RemBERT's shape" in lines[-1]
     args = defaults("--task", "panx", "--lr", "1e-5", "2e-5", "--batch-size", "8", encoder="rembert")
     assert (args.lr, args.batch_size) == ([1e-5, 2e-5], 8) and "overridden" in lines[-1]
+    args = defaults("--task", "panx", "--lr", "3e-3")  # the batch used is the default's, and the log says so
+    assert lines[-1].endswith("; overridden by --lr: learning rates 0.003, batch 32") and args.batch_size == 32
 
 
 def test_learning_rate_sweep_reports_the_best_rate(files, tmp_path):
@@ -395,7 +397,7 @@ def test_panx_zero_shot_predict_score_round_trip(files, tmp_path, capsys):
     prediction = tmp_path / "pred-de.tsv"
     finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "panx",
                    "--input", str(gold), "--output", str(prediction)])
-    capsys.readouterr()
+    assert capsys.readouterr().out == f"wrote {prediction}: panx predictions for the 20 examples of {gold}\n"
     evaluate.main(["score", "--task", "panx", "--gold", str(gold), "--predictions", str(prediction)])
     scored = json.loads(capsys.readouterr().out)
     assert scored["f1"] == pytest.approx(table["de"]["f1"])
@@ -504,6 +506,11 @@ def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
     with pytest.raises(DataError, match="fine-tuned for xnli; it cannot predict pawsx's labels"):
         finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "pawsx",
                        "--input", str(root / "pairs-en.tsv"), "--output", str(tmp_path / "out.txt")])
+    (tmp_path / "ckpt").mkdir()  # a pre-training checkpoint's folder (its checkpoint.json) is not a fine-tuned model
+    (tmp_path / "ckpt" / "checkpoint.json").write_text("{}")
+    with pytest.raises(DataError, match="ckpt: a pre-training checkpoint, not a model finetune.py saved; fine-tune"):
+        finetune.main(["predict", "--model", str(tmp_path / "ckpt"), "--task", "xnli", "--input",
+                       str(root / "pairs-en.tsv"), "--output", str(tmp_path / "out.txt")])
     (tmp_path / "results.json").write_text("{}")  # predictions replace no file: not the input, not a results file
     os.link(tmp_path / "in.tsv", tmp_path / "linked.tsv")  # (the input by another name)
     for flags, message in ((["--output", str(tmp_path / "." / "in.tsv")], "in.tsv exists: predictions replace no file"),
