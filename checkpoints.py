@@ -41,9 +41,8 @@ def open_input(path, named=""):
     regular file (a FIFO would block its reader, /dev/zero never end). Opened without blocking, then checked."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except (OSError, ValueError) as e:  # (ValueError: a name with a NUL byte)
-        raise DataError(f"{named or path}: " + ("no such file" if isinstance(e, FileNotFoundError) else
-                                                getattr(e, "strerror", None) or str(e))) from None
+    except FileNotFoundError:
+        raise DataError(f"{named or path}: no such file") from None
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise DataError(f"{named or path}: not a regular file (a directory, a FIFO or a device): not read")
@@ -151,8 +150,7 @@ def typed_fields(cls, values):
 
 class _MetadataUnpickler(pickle._Unpickler):  # (Python's own unpickler: its BUILD can be checked)
     """torch.distributed.checkpoint keeps its metadata as a pickle, which pickle.load would let name any function to
-    call, or set state on any class: this admits what the library's own metadata holds and nothing else, and sets
-    state on new instances of its metadata classes alone (never on a class, a module or an enum's member)."""
+    call: this admits what the library's own metadata holds, builds instances of its metadata classes alone."""
     ALLOWED = {"torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "TensorProperties",
                                                          "ChunkStorageMetadata", "BytesStorageMetadata",
                                                          "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
@@ -166,13 +164,11 @@ class _MetadataUnpickler(pickle._Unpickler):  # (Python's own unpickler: its BUI
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint's metadata never holds")
 
-    def load_build(self):  # (state onto an instance of a metadata class alone, never onto a class or an enum)
-        built, state = self.stack[-2:]
-        if isinstance(built, enum.Enum) or not type(built).__module__.startswith("torch.distributed.checkpoint.") or \
-                not (isinstance(state, dict) or hasattr(built, "__setstate__")):  # (TensorProperties': a tuple)
+    def load_build(self):  # (state set on an instance of a metadata class, never on a class or an enum's member)
+        built = self.stack[-2]
+        if isinstance(built, enum.Enum) or not type(built).__module__.startswith("torch.distributed.checkpoint."):
             raise pickle.UnpicklingError(f"it sets state on {built!r}, which a checkpoint's metadata never does")
         super().load_build()
-
     dispatch = {**pickle._Unpickler.dispatch, pickle.BUILD[0]: load_build}
 
 
@@ -191,24 +187,22 @@ def read_metadata(path):
         raise DataError(f"{where}: refused, not a checkpoint's metadata")
     # The checkpoint library reads any item that is no tensor with torch.load(weights_only=False): none is read.
     metadata.state_dict_metadata = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
-    sizes = {name: os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)}
+    sizes = {name: os.lstat(os.path.join(path, name)).st_size for name in os.listdir(path)}
     if any(getattr(s, "relative_path", None) not in sizes for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
     if any(getattr(s, "transform_descriptors", None) for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: its items are compressed or transformed, as pretrain.py never writes")
     for name, item in metadata.state_dict_metadata.items():
-        try:  # each chunk inside the tensor and its bytes inside its file; every element in one chunk (counted on
-            # the grid of the chunks' edges)
+        try:  # every element in one chunk (counted on the grid of the chunks' edges), each chunk's bytes in its file
             boxes = [list(zip(c.offsets, c.sizes, item.size, strict=True)) for c in item.chunks]
             stored = [metadata.storage_data[MetadataIndex(name, c.offsets)] for c in item.chunks]
-            exact = all(0 <= a and 0 <= n and a + n <= d for box in boxes for a, n, d in box) and all(
-                0 <= s.offset and 0 <= s.length and s.offset + s.length <= sizes[s.relative_path] for s in stored)
             edges = [sorted({0, d, *(b[i][0] for b in boxes), *(sum(b[i][:2]) for b in boxes)})
-                     for i, d in enumerate(item.size)] if exact else []
+                     for i, d in enumerate(item.size)]
             counts = torch.zeros([len(e) - 1 for e in edges], dtype=torch.int64)
-            for box in boxes if exact else ():
+            for box in boxes:
                 counts[tuple(slice(e.index(a), e.index(a + n)) for e, (a, n, _) in zip(edges, box))] += 1
-            exact = exact and bool((counts == 1).all())
+            exact = (counts == 1).all() and all(0 <= a and 0 <= n and a + n <= d for box in boxes for a, n, d in box) \
+                and all(0 <= s.offset and 0 <= s.length <= sizes[s.relative_path] - s.offset for s in stored)
         except (TypeError, ValueError, KeyError, AttributeError, RuntimeError):  # (what a crafted chunk may raise)
             exact = False
         if not exact:

@@ -355,36 +355,29 @@ class MLMLoader:
                           f"{files[0][1]} now")
         if differ:
             raise DataError(f"the saved data-loader state was made with other data or settings: {'; '.join(differ)}")
-        workers, S, seq_len = self._state["workers"], self.corpus.streams, self.settings[2]
-        where = {}
-        for state in states:
-            ids, seq, readers = (state["streams"][k].numpy() for k in ("ids", "seq", "readers"))
-            if {a.dtype for a in (ids, seq, readers)} != {np.dtype(np.int64)} or ids.ndim != 1 or \
-                    seq.shape != ids.shape or readers.shape != (len(ids), len(self.corpus.langs) * len(READER)):
-                raise DataError("the saved data-loader state is damaged: not int64 tensors of state_dict()'s shapes")
-            where |= {int(i): (seq[j], readers[j]) for j, i in enumerate(ids)}
-        if missing := [i for w in workers for i in w["ids"] if i not in where]:
-            raise DataError(f"the saved data-loader state has no stream {missing[0]} (not every process's state?)")
-        seqs = [np.array([where[i][0] for i in w["ids"]]) for w in workers]
-        positions = [np.stack([where[i][1] for i in w["ids"]]).view(READER) for w in workers]
-        # Checked against the corpus and the run: a worker's streams have made as many rows, one more than the next
-        # worker's up to next_worker; each position lies in its share, after no more passes than its rows can read.
-        next_worker = states[0]["next_worker"]
-        wrong = type(next_worker) is not int or not 0 <= next_worker < len(workers) or any(
-            len(set(seq)) != 1 or seq[0] < 0 or seq[0] != seqs[-1][0] + (w < next_worker) for w, seq in enumerate(seqs))
-        for seq, r, ids in zip(seqs, positions, (w["ids"] for w in workers)):
-            share, chunks = (ids[:, None] + r["borrow"]) % S, np.zeros(r.shape, dtype=np.int64)  # (stream, language)
-            for k, (_, paths) in enumerate(self.corpus.langs):  # as _Stream.share counts them
-                for n in map(self.corpus.sizes.get, paths):
-                    chunks[:, k] += -(-(n * (share[:, k] + 1) // S - n * share[:, k] // S) // self.corpus.shuffle_bytes)
-            most = {"borrow": S - 1, "any": 1, "chunk": chunks, "pass": seq[:, None] * (seq_len - 2) + r["borrow"]}
+        langs, S, seq_len = len(self.corpus.langs), self.corpus.streams, self.settings[2]
+        if any(t.dtype != torch.int64 or t.shape[1:] != ((langs * len(READER),) if k == "readers" else ())
+               for state in states for k, t in state["streams"].items()):
+            raise DataError("the saved data-loader state is damaged: its streams are not state_dict()'s tensors")
+        where = {int(i): (state["streams"], j) for state in states for j, i in enumerate(state["streams"]["ids"])}
+        workers = [dict(w) for w in self._state["workers"]]  # (the loader's own once checked)
+        for w in workers:
+            if missing := [i for i in w["ids"] if i not in where]:
+                raise DataError(f"the saved data-loader state has no stream {missing[0]} (not every process's state?)")
+            w["seq"] = np.array([int(where[i][0]["seq"][where[i][1]]) for i in w["ids"]])
+            w["readers"] = np.stack([where[i][0]["readers"][where[i][1]].numpy() for i in w["ids"]]).view(READER)
+        next_worker = states[0]["next_worker"]  # (checked against the corpus and the run: docs/data.md says how)
+        wrong = type(next_worker) is not int or not 0 <= next_worker < len(workers) or any(len(set(w["seq"])) != 1
+                or not 0 <= w["seq"][0] == workers[-1]["seq"][0] + (k < next_worker) for k, w in enumerate(workers))
+        for w in workers:
+            r, shares = w["readers"], [_Stream(self.corpus, int(i), None, None, None).share for i in w["ids"]]
+            most = {"borrow": S - 1, "any": 1, "pass": w["seq"][:, None] * (seq_len - 2) + r["borrow"], "chunk": [
+                [share(k, b)[1] for k, b in enumerate(row.tolist())] for share, row in zip(shares, r["borrow"])]}
             wrong = wrong or any((r[f] < 0).any() or (r[f] > most.get(f, r[f])).any() for f in READER.names)
         if wrong:
             raise DataError(f"the saved data-loader state is damaged: its row counters, next_worker {next_worker!r} "
                             f"or positions are not those of a run on this corpus")
-        for w, seq, readers in zip(workers, seqs, positions):
-            w["seq"], w["readers"] = seq, readers
-        self._state["next_worker"] = next_worker
+        self._state = {"next_worker": next_worker, "workers": workers}
 
     def __iter__(self):
         st = self._state

@@ -251,9 +251,8 @@ def setup_runtime(device="auto", fsdp=False, batch_size=None):
         alone = {} if launched else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
         try:
             dist.init_process_group("nccl" if device == "cuda" else "gloo", **alone)
-        except RuntimeError as e:  # (gloo, NCCL: torchrun restarted this process, say, and its peers are gone)
-            raise OSError(f"process {rank} could not connect to the other processes ({str(e).splitlines()[0]}); "
-                          f"one of them stopped: see its message") from None
+        except RuntimeError as e:  # (torchrun restarted this process, say, and its peers are gone: gloo's 27 lines)
+            raise OSError(f"process {rank} could not connect to the others: {str(e).splitlines()[0]}") from None
     return Runtime(device, torch_device, rank, world_size, fsdp=fsdp)
 
 
