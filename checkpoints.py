@@ -7,6 +7,7 @@ is read only after `read_checkpoint_info` has checked every file, and its pickle
 that admits the checkpoint library's own classes alone.
 """
 
+import enum
 import errno
 import glob
 import hashlib
@@ -31,8 +32,21 @@ class DataError(ValueError):
 
 
 def sha256(path):
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def open_input(path, named=""):
+    """A file to read (bytes), or one line naming it (`named`: as the user did, "--train x.tsv"): not there, or not a
+    regular file (a FIFO would block its reader, /dev/zero never end). Opened without blocking, then checked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise DataError(f"{named or path}: no such file") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise DataError(f"{named or path}: not a regular file (a directory, a FIFO or a device): not read")
+    return open(fd, "rb")
 
 
 def write_json(path, obj):
@@ -72,9 +86,9 @@ def read_checkpoint_info(path, verify=True):
     info_path = os.path.join(path, CHECKPOINT_INFO)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such checkpoint")
+    if os.path.lexists(info_path) and not stat.S_ISREG(os.lstat(info_path).st_mode):  # (a FIFO: a reader hangs)
+        raise DataError(f"{info_path}: damaged (not a regular file)")
     try:
-        if not stat.S_ISREG(os.lstat(info_path).st_mode):  # (a FIFO or a device would hang the reader)
-            raise DataError(f"{info_path}: damaged (not a regular file)")
         with open(info_path) as f:
             info = json.load(f)
     except (FileNotFoundError, NotADirectoryError):
@@ -104,7 +118,7 @@ def _info_problem(path, info):
     if not isinstance(info, dict):
         return "not a JSON object"
     if wrong := [k for k, kind in _INFO_TYPES.items() if type(info.get(k)) is not kind]:  # (True is no step)
-        return f"{wrong[0]}: {info.get(wrong[0])!r} is not a {_INFO_TYPES[wrong[0]].__name__}"
+        return f"{wrong[0]}: {info.get(wrong[0])!r} is not of type {_INFO_TYPES[wrong[0]].__name__}"
     number = CHECKPOINT_NAME.fullmatch(os.path.basename(os.path.normpath(path)))
     if number and info["step"] != int(number[1]):
         return f"step {info['step']} in the folder of step {int(number[1])}"
@@ -130,18 +144,18 @@ def typed_fields(cls, values):
     for f in fields(cls):
         value = values[f.name]
         if not (type(value) is f.type or f.type is float and type(value) is int):
-            return f"{f.name}: {value!r} is not a {f.type.__name__}"
+            return f"{f.name}: {value!r} is not of type {f.type.__name__}"
     return None
 
 
-class _MetadataUnpickler(pickle.Unpickler):
+class _MetadataUnpickler(pickle._Unpickler):  # (Python's own unpickler: its BUILD can be checked)
     """torch.distributed.checkpoint keeps its metadata as a pickle, which pickle.load would let name any function to
-    call: this admits the checkpoint library's metadata classes and what they hold, and nothing else."""
+    call: this admits what the library's own metadata holds, builds instances of its metadata classes alone."""
     ALLOWED = {"torch.distributed.checkpoint.metadata": {"Metadata", "TensorStorageMetadata", "TensorProperties",
                                                          "ChunkStorageMetadata", "BytesStorageMetadata",
                                                          "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
                "torch.distributed.checkpoint.filesystem": {"_StorageInfo"}, "torch.serialization": {"_get_layout"},
-               "torch": {"Size"}, "pathlib": {"PosixPath", "PurePosixPath"}, "collections": {"OrderedDict"}}
+               "torch": {"Size"}, "pathlib": {"PosixPath"}}
 
     def find_class(self, module, name):
         module = "pathlib" if module == "pathlib._local" else module  # (pathlib's module as Python 3.13 names it)
@@ -150,11 +164,18 @@ class _MetadataUnpickler(pickle.Unpickler):
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"it names {module}.{name}, which a checkpoint's metadata never holds")
 
+    def load_build(self):  # (state set on an instance of a metadata class, never on a class or an enum's member)
+        built = self.stack[-2]
+        if isinstance(built, enum.Enum) or not type(built).__module__.startswith("torch.distributed.checkpoint."):
+            raise pickle.UnpicklingError(f"it sets state on {built!r}, which a checkpoint's metadata never does")
+        super().load_build()
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BUILD[0]: load_build}
+
 
 def read_metadata(path):
-    """The checkpoint's torch.distributed.checkpoint Metadata, read without running anything: its tensors, each in
-    one of the folder's own files."""
-    from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
+    """The checkpoint's torch.distributed.checkpoint Metadata, read without running anything: its tensors, each
+    covered exactly once by its chunks, each chunk's bytes inside one of the folder's own files."""
+    from torch.distributed.checkpoint.metadata import Metadata, MetadataIndex, TensorStorageMetadata
     where = os.path.join(path, ".metadata")
     try:
         with open(where, "rb") as f:
@@ -166,11 +187,26 @@ def read_metadata(path):
         raise DataError(f"{where}: refused, not a checkpoint's metadata")
     # The checkpoint library reads any item that is no tensor with torch.load(weights_only=False): none is read.
     metadata.state_dict_metadata = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
-    files = set(os.listdir(path))
-    if any(getattr(s, "relative_path", None) not in files for s in metadata.storage_data.values()):
+    sizes = {name: os.lstat(os.path.join(path, name)).st_size for name in os.listdir(path)}
+    if any(getattr(s, "relative_path", None) not in sizes for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
     if any(getattr(s, "transform_descriptors", None) for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: its items are compressed or transformed, as pretrain.py never writes")
+    for name, item in metadata.state_dict_metadata.items():
+        try:  # every element in one chunk (counted on the grid of the chunks' edges), each chunk's bytes in its file
+            boxes = [list(zip(c.offsets, c.sizes, item.size, strict=True)) for c in item.chunks]
+            stored = [metadata.storage_data[MetadataIndex(name, c.offsets)] for c in item.chunks]
+            edges = [sorted({0, d, *(b[i][0] for b in boxes), *(sum(b[i][:2]) for b in boxes)})
+                     for i, d in enumerate(item.size)]
+            counts = torch.zeros([len(e) - 1 for e in edges], dtype=torch.int64)
+            for box in boxes:
+                counts[tuple(slice(e.index(a), e.index(a + n)) for e, (a, n, _) in zip(edges, box))] += 1
+            exact = (counts == 1).all() and all(0 <= a and 0 <= n and a + n <= d for box in boxes for a, n, d in box) \
+                and all(0 <= s.offset and 0 <= s.length <= sizes[s.relative_path] - s.offset for s in stored)
+        except (TypeError, ValueError, KeyError, AttributeError, RuntimeError):  # (what a crafted chunk may raise)
+            exact = False
+        if not exact:
+            raise DataError(f"{where}: refused: its chunks do not cover {name} exactly once, each inside its file")
     return metadata
 
 

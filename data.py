@@ -28,7 +28,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from checkpoints import CHECKPOINT_INFO, DataError, read_checkpoint_info, sha256
+from checkpoints import CHECKPOINT_INFO, DataError, open_input, read_checkpoint_info, sha256
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -44,10 +44,9 @@ class Tokenizer:
     """Any SentencePiece model (the released RemBERT one too), with the special pieces BERT's input format needs."""
 
     def __init__(self, model_file):
-        if not os.path.isfile(model_file):
-            raise FileNotFoundError(f"{model_file}: no such SentencePiece model")
         self.model_file = str(model_file)
-        self.sha256 = sha256(model_file)  # what a checkpoint records of the tokenizer it was trained with
+        with open_input(model_file, f"--tokenizer {model_file}") as f:  # what a checkpoint records of it
+            self.sha256 = hashlib.file_digest(f, "sha256").hexdigest()
         try:  # (a SentencePieceProcessor pickles as its model: DataLoader workers may be spawned)
             self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
         except (RuntimeError, OSError) as e:
@@ -356,13 +355,29 @@ class MLMLoader:
                           f"{files[0][1]} now")
         if differ:
             raise DataError(f"the saved data-loader state was made with other data or settings: {'; '.join(differ)}")
+        langs, S, seq_len = len(self.corpus.langs), self.corpus.streams, self.settings[2]
+        if any(t.dtype != torch.int64 or t.shape[1:] != ((langs * len(READER),) if k == "readers" else ())
+               for state in states for k, t in state["streams"].items()):
+            raise DataError("the saved data-loader state is damaged: its streams are not state_dict()'s tensors")
         where = {int(i): (state["streams"], j) for state in states for j, i in enumerate(state["streams"]["ids"])}
-        for w in self._state["workers"]:
+        workers = [dict(w) for w in self._state["workers"]]  # (the loader's own once checked)
+        for w in workers:
             if missing := [i for i in w["ids"] if i not in where]:
                 raise DataError(f"the saved data-loader state has no stream {missing[0]} (not every process's state?)")
             w["seq"] = np.array([int(where[i][0]["seq"][where[i][1]]) for i in w["ids"]])
             w["readers"] = np.stack([where[i][0]["readers"][where[i][1]].numpy() for i in w["ids"]]).view(READER)
-        self._state["next_worker"] = states[0]["next_worker"]
+        next_worker = states[0]["next_worker"]  # (checked against the corpus and the run: docs/data.md says how)
+        wrong = type(next_worker) is not int or not 0 <= next_worker < len(workers) or any(len(set(w["seq"])) != 1
+                or not 0 <= w["seq"][0] == workers[-1]["seq"][0] + (k < next_worker) for k, w in enumerate(workers))
+        for w in workers:
+            r, shares = w["readers"], [_Stream(self.corpus, int(i), None, None, None).share for i in w["ids"]]
+            most = {"borrow": S - 1, "any": 1, "pass": w["seq"][:, None] * (seq_len - 2) + r["borrow"], "chunk": [
+                [share(k, b)[1] for k, b in enumerate(row.tolist())] for share, row in zip(shares, r["borrow"])]}
+            wrong = wrong or any((r[f] < 0).any() or (r[f] > most.get(f, r[f])).any() for f in READER.names)
+        if wrong:
+            raise DataError(f"the saved data-loader state is damaged: its row counters, next_worker {next_worker!r} "
+                            f"or positions are not those of a run on this corpus")
+        self._state = {"next_worker": next_worker, "workers": workers}
 
     def __iter__(self):
         st = self._state
@@ -409,8 +424,7 @@ def corpus_files(data):
                 raise DataError(f"{p}: a compressed file, which a stream cannot seek into for its share; decompress it")
             if p.endswith((".json", ".jsonl")):  # (mC4's and other corpora's form: their text is in a field)
                 raise DataError(f"{p}: a JSON file; a corpus is plain text, one sentence per line")
-            if not os.path.isfile(p):
-                raise FileNotFoundError(f"{p}: no such file" + " (a directory)" * os.path.isdir(p))
+            open_input(p, f"--data {p}").close()
             langs.setdefault(os.path.basename(p).split(".")[0], []).append(p)
     if not langs:
         raise DataError("no input files")
@@ -421,7 +435,7 @@ def count_lines(path):
     """(non-blank lines, SHA-256) of a corpus file, in one pass that checks it: UTF-8, no NUL byte, a non-blank line."""
     lines = blank = size = 0
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         while chunk := f.read(1 << 24):
             chunk += f.readline()  # whole lines
             digest.update(chunk)
@@ -455,7 +469,7 @@ def read_chunk(path, start, stop, size):
     """The lines of a file of `size` bytes that start in bytes [start, stop), as documents (lists of lines, split at
     blank lines; a document crossing `start` or `stop` is cut there; a line over MAX_LINE characters is read as
     several): the ranges of a partition of [0, size) shard a file with no line lost or repeated."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         if os.fstat(f.fileno()).st_size != size:  # (the shares and the saved state are of that size)
             raise DataError(f"{path}: {os.fstat(f.fileno()).st_size} bytes, {size} when this run counted its lines: "
                             f"changed while it was read; restore it, or start a new run")
@@ -524,7 +538,7 @@ class SquadExample:
 
 def read_text(path):
     """A whole task file (they are small) as text, "\\r\\n" as "\\n"; a non-UTF-8 byte names its line."""
-    with open(path, "rb") as f:
+    with open_input(path) as f:
         raw = f.read()
     try:
         text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")

@@ -338,7 +338,8 @@ def load_finetuned(path):
         if not all(type(info[k]) is int and info[k] > 0 for k in SETTINGS):
             raise ValueError(f"{', '.join(SETTINGS)} must be positive integers")
     except (OSError, ValueError, KeyError, TypeError) as e:  # (a DataError of read_json's is a ValueError)
-        raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {e!r})") from None
+        said = e if isinstance(e, DataError) else repr(e)  # (a DataError names the file: said once)
+        raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {said})") from None
     for name, digest in digests.items():
         found = settings_digest(info) if name == "finetune.json" else sha256(os.path.join(path, name))
         if found != digest:
@@ -352,7 +353,8 @@ def load_finetuned(path):
     return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
 
 
-def read_examples(task, path, labelled=True):
+def read_examples(task, path, labelled=True, flag="--train"):
+    data.open_input(path, f"{flag} {path}").close()  # (missing, or a FIFO: named by its flag before it is read)
     if task.kind == "qa":
         examples = data.read_squad(path)
         if labelled and (unanswered := [e.source for e in examples if not e.answered]):
@@ -410,12 +412,11 @@ def eval_sets(cfg, task, held_out):
     sets = {}
     for spec in cfg.eval:
         path = eval_spec(spec)[1]
-        if not os.path.isfile(path):
-            raise DataError(f"--eval {spec}: no such file")
+        data.open_input(path, f"--eval {spec}").close()
         if cfg.train_fraction == 1 and os.path.getsize(path) == os.path.getsize(cfg.train) and (
                 sha256(path) == sha256(cfg.train)):  # the same file, or a copy of it
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
-        for lang, examples in by_language(read_examples(task, path), spec).items():
+        for lang, examples in by_language(read_examples(task, path, flag="--eval"), spec).items():
             if lang in sets or lang == "average":
                 raise DataError(f"--eval: two sets for {lang!r} (or the table's average row); name them LANG=FILE")
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]
@@ -539,7 +540,7 @@ def predict_file(cfg):
     if cfg.task != info["task"] and not task.kind == TASKS[info["task"]].kind == "qa":  # SQuAD -> MLQA is fine
         raise DataError(f"{cfg.model} was fine-tuned for {info['task']}; it cannot predict {cfg.task}'s labels")
     runtime = setup_runtime(cfg.device)
-    examples = read_examples(task, cfg.input, labelled=False)
+    examples = read_examples(task, cfg.input, labelled=False, flag="--input")
     predictions = predict_examples(model.to(runtime.device), tokenizer, task, examples, info, cfg.batch_size, runtime)
     tmp = f"{cfg.output}.{os.getpid()}.tmp"  # written whole, then renamed: a crash leaves no half file
     with open(tmp, "w", encoding="utf-8") as f:

@@ -249,7 +249,10 @@ def setup_runtime(device="auto", fsdp=False, batch_size=None):
         keep_freed_memory()
     if (world_size > 1 or fsdp) and not dist.is_initialized():  # (FSDP's device mesh needs a group, even of one)
         alone = {} if launched else {"store": dist.HashStore(), "rank": 0, "world_size": 1}
-        dist.init_process_group("nccl" if device == "cuda" else "gloo", **alone)
+        try:
+            dist.init_process_group("nccl" if device == "cuda" else "gloo", **alone)
+        except RuntimeError as e:  # (torchrun restarted this process, say, and its peers are gone: gloo's 27 lines)
+            raise OSError(f"process {rank} could not connect to the others: {str(e).splitlines()[0]}") from None
     return Runtime(device, torch_device, rank, world_size, fsdp=fsdp)
 
 

@@ -256,6 +256,87 @@ def test_metadata_pickled_by_python_3_13_reads_its_paths():
     import pathlib
     import pickle
     from checkpoints import _MetadataUnpickler
-    data = pickle.dumps(pathlib.PurePosixPath("ckpt"), protocol=2).replace(b"cpathlib\n", b"cpathlib._local\n")
+    data = pickle.dumps(pathlib.PosixPath("ckpt"), protocol=2).replace(b"cpathlib\n", b"cpathlib._local\n")
     assert b"pathlib._local" in data
-    assert _MetadataUnpickler(io.BytesIO(data)).load() == pathlib.PurePosixPath("ckpt")
+    assert _MetadataUnpickler(io.BytesIO(data)).load() == pathlib.PosixPath("ckpt")
+
+
+# --------------------------------------------------------------------------------------------
+# A checkpoint's metadata: read, never trusted
+
+
+def saved_with_dcp(path):
+    """A torch.distributed.checkpoint folder of a 4 x 6 matrix and a scalar, and its metadata as the library wrote it."""
+    import pickle
+    import torch.distributed.checkpoint as dcp
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (one process, no process group)
+        dcp.save({"w": torch.arange(24.0).reshape(4, 6), "step": torch.tensor(3.0)}, checkpoint_id=str(path),
+                 no_dist=True)
+    return pickle.loads((path / ".metadata").read_bytes())
+
+
+def test_metadata_whose_chunks_do_not_cover_each_tensor_once_inside_its_file_is_refused(tmp_path):
+    """A chunk missing (half of a tensor would keep its initialisation), two overlapping, or a chunk whose bytes lie
+    outside its file: refused by a line naming .metadata. Chunks that tile a tensor are read."""
+    import dataclasses
+    import pickle
+    from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, MetadataIndex
+    from checkpoints import read_metadata
+    saved_with_dcp(tmp_path)
+    assert set(read_metadata(str(tmp_path)).state_dict_metadata) == {"w", "step"}  # as the library wrote it
+
+    def half(rows):
+        return ChunkStorageMetadata(torch.Size([rows, 0]), torch.Size([2, 6]))
+
+    def crafted(chunks=None, **stored):
+        metadata = saved_with_dcp(tmp_path)
+        index = MetadataIndex("w", torch.Size([0, 0]))
+        for chunk in chunks or []:  # (each chunk's bytes: the whole matrix's)
+            metadata.storage_data[MetadataIndex("w", chunk.offsets)] = metadata.storage_data[index]
+        metadata.state_dict_metadata["w"].chunks = chunks or metadata.state_dict_metadata["w"].chunks
+        metadata.storage_data[index] = dataclasses.replace(metadata.storage_data[index], **stored)
+        (tmp_path / ".metadata").write_bytes(pickle.dumps(metadata))
+        return str(tmp_path)
+    assert read_metadata(crafted([half(0), half(2)]))  # two halves: the whole matrix once
+    for case in ([half(0)], [half(0), half(1), half(2)], [half(0), half(2), half(2)]):
+        with pytest.raises(DataError, match=r"/\.metadata: refused: its chunks do not cover w exactly once"):
+            read_metadata(crafted(case))
+    for fields in ({"offset": 10 ** 6}, {"length": 10 ** 6}, {"offset": -1}):
+        with pytest.raises(DataError, match=r"/\.metadata: refused: its chunks do not cover w exactly once, each "
+                                            r"inside its file"):
+            read_metadata(crafted(**fields))
+
+
+def test_metadata_that_sets_state_on_a_class_or_names_what_the_library_never_writes_is_refused(tmp_path):
+    """BUILD on a class would change it for the rest of the process (here Metadata.__init__ made torch.Size): the
+    unpickler builds new instances of the library's metadata classes alone, and admits what its metadata holds."""
+    import collections
+    import pickle
+    from torch.distributed.checkpoint.metadata import Metadata
+    from checkpoints import read_metadata
+    init = Metadata.__dict__["__init__"]
+    (tmp_path / ".metadata").write_bytes(b"\x80\x02ctorch.distributed.checkpoint.metadata\nMetadata\n"
+                                         b"N}X\x08\x00\x00\x00__init__ctorch\nSize\ns\x86b.")
+    try:
+        with pytest.raises(DataError, match=r"\.metadata: refused.* it sets state on <class 'torch.distributed"):
+            read_metadata(str(tmp_path))
+    finally:
+        changed = Metadata.__dict__["__init__"] is not init
+        Metadata.__init__ = init
+    assert not changed
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(collections.OrderedDict()))
+    with pytest.raises(DataError, match=r"it names collections.OrderedDict, which a checkpoint's metadata never"):
+        read_metadata(str(tmp_path))
+
+
+def test_checkpoint_json_refusals_are_one_plain_line(tmp_path):
+    """A checkpoint.json that is a FIFO is named once (not inside a second "damaged" line); a field of another type
+    says which type, in words."""
+    import os
+    from checkpoints import read_checkpoint_info, typed_fields
+    from model import ModelConfig
+    os.mkfifo(tmp_path / "checkpoint.json")
+    with pytest.raises(DataError, match=r"^[^()]*/checkpoint.json: damaged \(not a regular file\)$"):
+        read_checkpoint_info(str(tmp_path))
+    assert typed_fields(ModelConfig, {**SMALL.__dict__, "num_layers": "2"}) == "num_layers: '2' is not of type int"

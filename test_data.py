@@ -373,6 +373,44 @@ def test_a_state_saved_by_two_processes_resumes_on_one_and_back(tokenizer, num_w
         one.load_state_dict(states[:1])
 
 
+def test_a_saved_state_out_of_range_or_of_another_type_is_refused_before_a_batch(tokenizer):
+    """The loader's state holds positions in the corpus and row counters: a value of another type, negative, past
+    its share of the corpus or past what the stream's rows can have read is refused when loaded, not read on."""
+    make = functools.partial(data.MLMLoader, str(REPO / "sample_data"), tokenizer, batch_size=2, seq_len=32,
+                             max_predictions=5, num_workers=2, shuffle_bytes=500)
+    loader = make()
+    batches_of(loader, 5)  # worker 0 has made 3 steps, worker 1 two
+    good = loader.state_dict()
+    make().load_state_dict(good)
+    fields = {name: i for i, name in enumerate(data.READER.names)}  # a reader's columns: a language's fields
+
+    def edited(key, change):
+        state = {**good, "streams": {k: v.clone() for k, v in good["streams"].items()}}
+        state["streams"][key] = change(state["streams"][key])
+        return state
+
+    def at(field, value, stream=0):
+        return lambda t: t.index_put_((torch.tensor(stream), torch.tensor(fields[field])), torch.tensor(value))
+    damaged = {
+        "float row counters": edited("seq", lambda t: t.double()),
+        "a reader's fields cut": edited("readers", lambda t: t[:, :-1]),
+        "a negative document": edited("readers", at("doc", -1)),
+        "a negative pass": edited("readers", at("pass", -2)),
+        "a chunk past the share": edited("readers", at("chunk", 10 ** 6)),
+        "more passes than rows can read": edited("readers", at("pass", 10 ** 6, stream=3)),
+        "a borrow past the streams": edited("readers", at("borrow", 10 ** 3)),
+        "a flag that is neither 0 nor 1": edited("readers", at("any", 2)),
+        "one stream ahead of its worker's": edited("seq", lambda t: t.index_put_((torch.tensor(1),), torch.tensor(99))),
+        "a negative row counter": edited("seq", lambda t: t - 10),
+        "a worker that is none": {**good, "next_worker": 2},
+        "a worker by name": {**good, "next_worker": "1"},
+    }
+    for case, state in damaged.items():
+        with pytest.raises(data.DataError, match="the saved data-loader state is damaged"):
+            make().load_state_dict(state)
+            pytest.fail(case)
+
+
 def test_a_saved_state_must_fit_the_data_and_settings_but_not_the_path(tokenizer, tmp_path, monkeypatch):
     relative = data.MLMLoader("sample_data" if Path.cwd() == REPO else str(REPO / "sample_data"), tokenizer,
                               batch_size=2, seq_len=32)
@@ -403,6 +441,24 @@ def test_a_saved_state_must_fit_the_data_and_settings_but_not_the_path(tokenizer
     os.utime(moved / "fr.txt", ns=(stat.st_atime_ns, stat.st_mtime_ns))
     with pytest.raises(data.DataError, match=r"\['fr', 'fr.txt', \d+, \d+, '[0-9a-f]{64}'\] then"):
         data.MLMLoader(str(moved), tokenizer, batch_size=2, seq_len=32).load_state_dict(state)
+
+
+def test_an_input_that_is_no_regular_file_is_refused_before_it_is_read(tokenizer, tmp_path):
+    """A FIFO would block its reader (in open, with no writer) and a device such as /dev/zero never end: every reader
+    of a file the user names refuses them, and a missing file, in one line naming the file (and the flag)."""
+    fifo, folder, missing = tmp_path / "de.txt", tmp_path / "corpus", tmp_path / "missing.tsv"
+    os.mkfifo(fifo)
+    (folder / "fr.txt").mkdir(parents=True)  # a folder named as a corpus file
+    readers = {"task file": lambda p: data.read_pairs(p), "tagging": lambda p: data.read_tagging(p),
+               "squad": lambda p: data.read_squad(p), "text": data.read_text, "corpus lines": data.count_lines,
+               "--data": lambda p: data.MLMLoader(p, tokenizer), "--tokenizer": data.Tokenizer}
+    for name, read in readers.items():
+        flag = f"{name} " if name.startswith("--") else ""
+        for path, said in ((fifo, "not a regular file"), ("/dev/zero", "not a regular file"), (missing, "no such file")):
+            with pytest.raises(data.DataError, match=f"^{re.escape(flag + str(path))}: {said}"):
+                read(str(path))
+    with pytest.raises(data.DataError, match=f"^--data {re.escape(str(folder / 'fr.txt'))}: not a regular file"):
+        data.MLMLoader(str(folder), tokenizer)
 
 
 def test_a_corpus_directory_is_read_with_its_folders(tmp_path):
@@ -494,7 +550,7 @@ def test_bad_corpus_files_are_named(tokenizer, tmp_path):
     with pytest.raises(data.DataError, match=r"fr.txt.gz: a compressed file"):
         data.MLMLoader(str(tmp_path / "packed"), tokenizer)
     (tmp_path / "empty" / "de.txt").mkdir()
-    with pytest.raises(FileNotFoundError, match=r"de.txt: no such file \(a directory\)"):
+    with pytest.raises(data.DataError, match=r"de.txt: not a regular file \(a directory"):
         data.MLMLoader(str(tmp_path / "empty"), tokenizer)
     (tmp_path / "hidden").mkdir()
     (tmp_path / "hidden" / ".fr.txt").write_text("une ligne\n")  # no language before the first dot

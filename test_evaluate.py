@@ -453,6 +453,17 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
         assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
 
 
+def test_score_names_a_missing_or_irregular_file_by_its_flag(tmp_path):
+    """A FIFO would block the reader, /dev/zero never end: refused before reading, as a missing file is, by flag."""
+    import os
+    gold, fifo = write(tmp_path / "gold.tsv", "a\tb\t1\n"), tmp_path / "p.txt"
+    os.mkfifo(fifo)
+    for gold_path, predictions, said in ((gold, fifo, f"--predictions {fifo}: not a regular file"),
+                                         (tmp_path / "none.tsv", gold, f"--gold {tmp_path / 'none.tsv'}: no such file")):
+        with pytest.raises(DataError, match=f"^{re.escape(said)}"):
+            evaluate.main(["score", "--task", "pawsx", "--gold", str(gold_path), "--predictions", str(predictions)])
+
+
 def test_score_real_pawsx_and_xnli(capsys, tmp_path):
     for task, name in (("pawsx", "dev-es.tsv"), ("xnli", "dev-ar.tsv")):
         gold = DATA / task / name

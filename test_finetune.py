@@ -571,6 +571,22 @@ def test_an_eval_file_whose_path_holds_an_equals_sign_is_that_file(files, tmp_pa
         run(*args, "--eval", "de=missing.tsv", "--resume")
 
 
+def test_a_missing_or_irregular_input_is_named_by_its_flag(files, tmp_path):
+    """--train, --eval and predict's --input: a missing file, or one that is no regular file (a FIFO would block the
+    reader), is one line naming the flag and the file, as --eval always was, before the model trains."""
+    root, spm = files
+    fifo = tmp_path / "fifo.tsv"
+    os.mkfifo(fifo)
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv", "--eval",
+            root / "dev-pairs-en.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS]
+    for flag, path, said in (("--train", tmp_path / "missing.tsv", "no such file"), ("--train", fifo, "not a regular"),
+                             ("--eval", fifo, "not a regular file")):
+        with pytest.raises(DataError, match=f"^{flag} {re.escape(str(path))}: {said}"):
+            run(*args, flag, path)
+    with pytest.raises(DataError, match=f"^--input {re.escape(str(fifo))}: not a regular file"):
+        finetune.read_examples(finetune.TASKS["xnli"], str(fifo), labelled=False, flag="--input")
+
+
 class FakeRuntime:
     """One process of `world_size` on CPU; gather_object returns every rank's object, the others'
     taken from `peers` (what those ranks produced), so a multi-process evaluation runs in one."""

@@ -705,11 +705,11 @@ def test_checkpoint_json_is_checked_and_a_damaged_checkpoint_is_set_aside_under_
     shard = "__0_0.distcp"
     damages = {  # what is done to ckpt-00000004 -> what the warning says
         "a step not the folder's": (lambda p: rewrite_info(p, step=2), "step 2 in the folder of step 4"),
-        "a step of another type": (lambda p: rewrite_info(p, step="4"), "step: '4' is not a int"),
+        "a step of another type": (lambda p: rewrite_info(p, step="4"), "step: '4' is not of type int"),
         "a config of other types": (lambda p: rewrite_info(p, config={**json.loads(
             (p / "checkpoint.json").read_text())["config"], "tie_embeddings": "no"}), "tie_embeddings: 'no'"),
         "a train config of other types": (lambda p: rewrite_info(p, train_config={**json.loads(
-            (p / "checkpoint.json").read_text())["train_config"], "lr": "0.001"}), "lr: '0.001' is not a float"),
+            (p / "checkpoint.json").read_text())["train_config"], "lr": "0.001"}), "lr: '0.001' is not of type float"),
         "a tokenizer that is no record": (lambda p: rewrite_info(p, tokenizer="spm.model"), "tokenizer: 'spm.model'"),
         "a digest list naming a file outside": (lambda p: rewrite_info(p, sha256={**json.loads(
             (p / "checkpoint.json").read_text())["sha256"], "../made.txt": "0"}), "names '../made.txt'"),
@@ -776,6 +776,27 @@ def test_rank_and_world_size_without_torchrun_are_one_line(tokenizer, tmp_path, 
     os.mkfifo(tmp_path / ".lock")  # an --out-dir's lock that would hang the run: named instead
     with pytest.raises(DataError, match=r"\.lock: not a regular file"):
         run(tokenizer, tmp_path, "--steps", "2")
+
+
+def test_a_process_whose_peers_are_gone_says_so_in_one_line(monkeypatch, capsys):
+    """torchrun --max-restarts starts a process again, and its peers may be gone: gloo's error from
+    init_process_group (27 lines, C++ frames included) is one line, as every other stop of a process."""
+    import torch.distributed as dist
+    from configs import run_script
+    said = "Gloo connectFullMesh failed with [../third_party/gloo/gloo/transport/tcp/pair.cc:144] no error"
+
+    def peers_gone(*args, **kwargs):
+        raise dist.DistNetworkError(said + "".join(f"\nframe #{i}: c10d::ProcessGroupGloo (libtorch_cpu.so)"
+                                                   for i in range(26)))
+    monkeypatch.setattr(dist, "init_process_group", peers_gone)
+    for k, v in {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(sys, "argv", ["pretrain.py"])
+    with pytest.raises(SystemExit) as stop:
+        run_script(lambda: runtimes.setup_runtime("cpu"))
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1, err
+    assert err == f"pretrain.py: error: process 1 could not connect to the others: {said}\n"
 
 
 def two_processes(tokenizer, out_dir, *extra):
