@@ -272,7 +272,7 @@ class RunFolder:
         if theirs is None:
             raise DataError(f"{self.path} holds runs but no {self.SETTINGS} (not written by finetune.py, or "
                             f"damaged); choose another --out-dir")
-        differ = differences(theirs, {k: v for k, v in settings.items() if k != "sha256"})
+        differ = differences(theirs, {k: v for k, v in settings.items() if k != "sha256"}, flags=True)
         differ = differ or [f"{f}: changed since then" if "sha256" in theirs else f"{f}: no SHA-256 recorded then"
                             for f, digest in settings["sha256"].items() if (theirs.get("sha256") or {}).get(f) != digest]
         if differ:
@@ -417,9 +417,10 @@ class RunFolder:
         return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
 
 
-def differences(saved, now):
-    """'KEY SAVED then, NOW now' for each key of `now` whose value `saved` does not hold."""
-    return [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]
+def differences(saved, now, flags=False):
+    """'KEY SAVED then, NOW now' for each key of `now` whose value `saved` does not hold (flags: named --key)."""
+    return [f"{'--' * flags}{k.replace('_', '-') if flags else k} {saved.get(k)!r} then, {v!r} now"
+            for k, v in now.items() if saved.get(k) != v]
 
 
 def claim(out_dir):

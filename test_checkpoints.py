@@ -270,7 +270,7 @@ def test_a_failed_write_names_the_file_and_leaves_the_file_before(tmp_path, monk
     def disk_full(f):
         f.write("half a file")
         raise OSError(28, "No space left on device")
-    with pytest.raises(OSError, match=r"scores.json: saving failed \(no space left on device\)"):
+    with pytest.raises(OSError, match=r"scores.json: saving failed \(no space left on device"):
         checkpoints.write_file(path, disk_full)
 
     def interrupted(f):
