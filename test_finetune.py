@@ -206,6 +206,11 @@ def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp
     run(*args)  # the same --out-dir, other settings, no --resume: nothing was trained there
     with pytest.raises(DataError, match="already holds fine-tuning runs; pass --resume"):
         run(*args, "--batch-size", "3")
+    with pytest.raises(DataError, match="holds fine-tuning runs of xnli, not panx; choose another --out-dir$"):
+        run("--task", "panx", *args[2:-len(SMALL_ARGS) - 6], "--train", root / "tags-en.tsv", "--eval",
+            f"en={root / 'dev-tags-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS)  # (--resume would not do)
+    with pytest.raises(DataError, match="--out-dir .*finetune-config.json is a file, not a folder; choose another"):
+        run(*args[:-len(SMALL_ARGS) - 2], "--out-dir", tmp_path / "finetune-config.json", *SMALL_ARGS)
     (tmp_path / "finetune-config.json").unlink()
     with pytest.raises(DataError, match="holds runs but no finetune-config.json"):
         run(*args, "--resume")
@@ -296,6 +301,29 @@ def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch,
     assert "finished before" in capsys.readouterr().out
     results = [json.loads((tmp_path / d / "results.json").read_text())["results"] for d in ("whole", "crashed")]
     assert results[0] == results[1]
+
+
+def test_a_full_disk_stops_fine_tuning_with_one_line_and_the_state_before_resumes(files, tmp_path, monkeypatch, capsys):
+    from test_pretrain import full_disk
+    root, spm = files
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--checkpoint-every", "2"]
+
+    def disk_full_at_step_3(step, *rest):  # after the state of step 2 was saved
+        if step == 2:
+            full_disk(monkeypatch, room=5000)
+        return lr_at(step, *rest)
+    lr_at = finetune.lr_at
+    monkeypatch.setattr(finetune, "lr_at", disk_full_at_step_3)
+    with pytest.raises(OSError) as failed:
+        run(*args)
+    assert "seed-0/ckpt-00000004: saving failed (no space left on device" in str(failed.value)
+    assert "\n" not in str(failed.value)
+    monkeypatch.undo()
+    capsys.readouterr()
+    run(*args, "--resume")
+    out = capsys.readouterr().out
+    assert "ckpt-00000004, left by an interrupted save" in out and "at step 2" in out
 
 
 def refused_states(args, tmp_path):

@@ -721,6 +721,39 @@ def test_a_full_disk_is_one_line_and_the_checkpoint_before_stays(tokenizer, tmp_
     assert final_state(tmp_path)["step"] == 4
 
 
+def full_disk(monkeypatch, room=5000):
+    """The disk of torch.distributed.checkpoint's files full after `room` bytes, as the system says it: a write that
+    finds no room fails with ENOSPC (which torch's own writer reports as "unexpected pos")."""
+    import contextlib
+    import errno
+    import io
+    left = [room]
+
+    class Full(io.FileIO):
+        def write(self, b):
+            if not left[0]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            n = super().write(memoryview(b).cast("B")[:left[0]])
+            left[0] -= n
+            return n
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with io.BufferedWriter(Full(path, "w")) if "w" in mode else open(path, mode) as stream:
+            yield stream
+    monkeypatch.setattr(torch.distributed.checkpoint.filesystem.FileSystem, "create_stream", create_stream)
+
+
+def test_a_really_full_disk_says_so_in_one_line(tokenizer, tmp_path, monkeypatch):
+    run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
+    full_disk(monkeypatch, room=5000)
+    with pytest.raises(OSError) as failed:
+        run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2", "--resume")
+    assert "ckpt-00000004: saving failed (no space left on device" in str(failed.value)
+    assert "\n" not in str(failed.value)
+    assert [Path(p).name for p in checkpoints.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
+
+
 def test_rank_and_world_size_without_torchrun_are_one_line(tokenizer, tmp_path, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     for env, flags in (({"RANK": "0", "WORLD_SIZE": "2"}, []), ({"RANK": "0", "WORLD_SIZE": "two"}, []),
@@ -735,6 +768,10 @@ def test_rank_and_world_size_without_torchrun_are_one_line(tokenizer, tmp_path, 
     os.mkfifo(tmp_path / ".lock")  # an --out-dir's lock that would hang the run: named instead
     with pytest.raises(DataError, match=r"\.lock: not a regular file"):
         run(tokenizer, tmp_path, "--steps", "2")
+    (tmp_path / "a-file").write_text("the user's")  # an --out-dir that names a file: named, the file kept
+    with pytest.raises(DataError, match=r"--out-dir .*a-file is a file, not a folder; choose another --out-dir"):
+        run(tokenizer, tmp_path / "a-file", "--steps", "2")
+    assert (tmp_path / "a-file").read_text() == "the user's"
 
 
 def two_processes(tokenizer, out_dir, *extra):
