@@ -850,3 +850,53 @@ def test_tagging_with_two_processes_trains_as_one(files, tmp_path):
                        check=True, capture_output=True)
         weights.append(load_file(tmp_path / out / "lr-0.01" / "seed-0" / "model.safetensors"))
     assert max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0]) < 1e-5
+
+
+KILLED_AT = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+import finetune
+lr_at = finetune.lr_at
+def killed(step, *rest):  # SIGKILL mid-epoch, after the state of step 2 was saved
+    if step == 3 and os.environ.get("KILL_AT_STEP_3"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return lr_at(step, *rest)
+finetune.lr_at = killed
+finetune.main(sys.argv[1:])
+"""
+
+
+def test_fine_tuning_killed_on_two_processes_resumes_on_two_bitwise_and_on_one(files, tmp_path, capsys):
+    root, spm = files
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILLED_AT.format(repo=str(REPO)))
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv", "--eval",
+            f"en={root / 'dev-pairs-en.tsv'}", *SMALL_ARGS[2:], "--epochs", "2", "--checkpoint-every", "2", "--dropout", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def finetune_py(out, *extra, kill=False):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver),
+                   *map(str, args), "--out-dir", str(out), *extra]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                              env={**env, **({"KILL_AT_STEP_3": "1"} if kill else {})})
+        return done.stdout + done.stderr[-3000:]  # (gloo may abort at exit after finishing: judged by the files)
+    straight = finetune_py(tmp_path / "straight")
+    assert "2 process(es)" in straight, straight
+    finetune_py(tmp_path / "killed", kill=True)
+    part = Path("lr-0.001", "seed-0")
+    assert (tmp_path / "killed" / part / "ckpt-00000002" / "checkpoint.json").exists()
+    assert not (tmp_path / "killed" / part / "model.safetensors").exists()
+    shutil.copytree(tmp_path / "killed", tmp_path / "on-one")
+    again = finetune_py(tmp_path / "killed", "--resume")  # 2 -> 2: the uninterrupted run's weights, bit for bit
+    assert "at step 2" in again
+    whole, resumed = (load_file(tmp_path / d / part / "model.safetensors") for d in ("straight", "killed"))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    capsys.readouterr()
+    run(*args, "--out-dir", tmp_path / "on-one", "--resume")  # 2 -> 1: from the saved step, to the end
+    one = capsys.readouterr().out
+    assert "1 process(es)" in one and "written by 2 process(es)" in one and "at step 2" in one
+    losses = [[float(line.split("| loss ")[1].split()[0]) for line in log.splitlines() if line.startswith("step ")]
+              for log in (straight, one)]
+    assert len(losses[1]) == 6 and losses[1] == pytest.approx(losses[0][2:], abs=1e-4)
+    on_one = load_file(tmp_path / "on-one" / part / "model.safetensors")
+    assert all(torch.allclose(whole[k], on_one[k], atol=1e-4) for k in whole)
