@@ -438,18 +438,22 @@ def eval_sets(cfg, task, held_out):
     return sets
 
 
+def schedule(n, cfg, runtime):
+    """(sequences per process and step, steps per epoch, steps, warm-up steps) for `n` training sequences."""
+    if cfg.batch_size % runtime.world_size:
+        raise DataError(f"--batch-size {cfg.batch_size} does not split over {runtime.world_size} processes")
+    if n < cfg.batch_size:
+        raise DataError(f"{n} training sequences are fewer than one batch ({cfg.batch_size}); lower --batch-size")
+    total = n // cfg.batch_size * cfg.epochs  # an epoch's last partial batch is dropped: static shapes
+    return cfg.batch_size // runtime.world_size, n // cfg.batch_size, total, int(cfg.warmup_fraction * total)
+
+
 def train(model, tensors, cfg, lr, seed, runtime, folder, tokenizer, log):
     """Fine-tune `model` in place, from its run's newest state in `folder` if there is one. Its data is a function of
     the step: on as many processes it ends with the uninterrupted run's weights, bit for bit; on another number it
     goes on from the saved step with the saved weights and AdamW's state, dropout drawn anew."""
     n, per_step = tensors["input_ids"].shape[0], cfg.batch_size
-    if per_step % runtime.world_size:
-        raise DataError(f"--batch-size {per_step} does not split over {runtime.world_size} processes")
-    per_process, steps_per_epoch = per_step // runtime.world_size, n // per_step
-    if steps_per_epoch == 0:
-        raise DataError(f"{n} training sequences are fewer than one batch ({per_step}); lower --batch-size")
-    total = steps_per_epoch * cfg.epochs  # an epoch's last partial batch is dropped: static shapes
-    warmup = int(cfg.warmup_fraction * total)
+    per_process, steps_per_epoch, total, warmup = schedule(n, cfg, runtime)
     ddp_model = runtime.wrap_model(model)
     optimizer = build_optimizer(model, lr, cfg.weight_decay)
     part, run_config = folder.part(lr, seed), {**asdict(cfg), "lr": [lr], "seeds": [seed]}
