@@ -1,10 +1,11 @@
-"""The files of RemBERT models: pretrain.py's checkpoint directories (reading them, checked and never trusted;
-saving, rotating and resuming a run's own) and transformers' RemBERT layout both ways (the released checkpoint
-reads with `from_hf`). model.py holds the method; this file holds what is written to disk and read back.
+"""The files of RemBERT models: a run's --out-dir (`RunFolder`: pretrain.py's and finetune.py's training states,
+saved, checked, resumed and set aside; one lock, one format), pretrain.py's checkpoints read as models, and
+transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`). model.py holds the method;
+this file holds what is written to disk and read back, every file through one writer, `write_file`.
 
-A checkpoint directory is data, never code: pretrain.py's ckpt-STEP/ (8 digits, as `save_checkpoint` writes it)
-is read only after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler
-that admits the checkpoint library's own classes alone.
+A training state is data, never code: a ckpt-STEP/ folder (8 digits, as `RunFolder.save` writes it) is read only
+after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler that admits
+the checkpoint library's own classes alone.
 """
 
 import errno
@@ -248,7 +249,9 @@ class RunFolder:
                             f"which this one does not read; remove it to train that run afresh")
         partial = [p for part in parts for p in glob.glob(os.path.join(part, self.STATES))
                    if os.path.isdir(p) and not os.path.lexists(os.path.join(p, CHECKPOINT_INFO))]
-        remove_partial_saves(partial + glob.glob(os.path.join(self.path, self.PARTS, "*.tmp")), self.log)
+        for path in partial + glob.glob(os.path.join(self.path, self.PARTS, "*.tmp")):  # (never read: skipped)
+            remove(path)
+            self.log(f"removed {path}, left by an interrupted save")
         held = any(checkpoint_paths(p) for p in parts) or settings is not None and any(
             glob.glob(os.path.join(self.path, name)) for name in (os.path.join(self.PARTS, "*.json"), "results.json"))
         record = os.path.join(self.path, self.SETTINGS)
@@ -320,11 +323,11 @@ class RunFolder:
             set_aside(passed, self.log)
         return path, info
 
-    def restore(self, model, optimizer, same, tokenizer, steps, seed, loader=None, part=""):
+    def restore(self, model, optimizer, same, steps, seed, loader=None, part=""):
         """The step of the newest intact state, its weights, AdamW's state (resharded onto this run's processes), the
         loader's place and (with as many processes) every process's random state restored; 0 without one. A state
-        of another model, training or tokenizer (`same`: what must equal its configs), or past `steps` (the step
-        count and its flag), is refused by name."""
+        of another model or training (`same`: what must equal its configs; its tokenizer was checked where it was
+        looked up), or past `steps` (the step count and its flag), is refused by name."""
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
         if not (newest := self.newest(part)):
             return 0
@@ -332,9 +335,6 @@ class RunFolder:
         if differ := differences({**info["config"], **info["train_config"]}, same):
             raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
                             f"the same --config, overrides and training flags, or another --out-dir")
-        if info["tokenizer"]["sha256"] != tokenizer.sha256:
-            raise DataError(f"{path} was trained with the tokenizer {info['tokenizer']['path']}; "
-                            f"{tokenizer.model_file} is another one (or has changed since)")
         if info["step"] > steps[0]:
             raise DataError(f"{path} is at step {info['step']}, past {steps[1]}")
         model_state, optimizer_state = get_state_dict(model, optimizer)
@@ -465,13 +465,6 @@ def set_aside(path, log):
 def remove(path):
     """A checkpoint folder, or the link to it (a folder moved to another disk): what was written elsewhere stays."""
     shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
-
-
-def remove_partial_saves(paths, log):
-    """Delete what saves that a crash interrupted left, files or directories (never read: every reader skips them)."""
-    for path in paths:
-        remove(path)
-        log(f"removed {path}, left by an interrupted save")
 
 
 def one_line(error):

@@ -459,7 +459,7 @@ def train(model, tensors, cfg, lr, seed, runtime, folder, tokenizer, log):
     part, run_config = folder.part(lr, seed), {**asdict(cfg), "lr": [lr], "seeds": [seed]}
     same = {**asdict(model.encoder.config), "lr": [lr], "seeds": [seed],  # (the files: by what they hold, run_settings)
             **{k: v for k, v in run_config.items() if k not in NOT_TRAINING | {"init", "tokenizer", "train", "eval"}}}
-    first = folder.restore(model, optimizer, same, tokenizer, (total, f"its {total} steps"), seed, part=part)
+    first = folder.restore(model, optimizer, same, (total, f"its {total} steps"), seed, part=part)
 
     def batches():
         generator = torch.Generator().manual_seed(seed)  # the same order in every process

@@ -151,7 +151,7 @@ def train(model_config, cfg):
     log(f"runtime: {runtime.describe()}")
     cfg, tokenizer, raw_model, model, optimizer, loader = build_training(model_config, cfg, runtime, folder, log)
     same = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
-    step = folder.restore(raw_model, optimizer, same, tokenizer, (cfg.steps, f"--steps {cfg.steps}"), cfg.seed, loader)
+    step = folder.restore(raw_model, optimizer, same, (cfg.steps, f"--steps {cfg.steps}"), cfg.seed, loader)
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * runtime.world_size
     stats = torch.zeros(3, device=runtime.device)
