@@ -1,7 +1,7 @@
 """The files of RemBERT models: a run's --out-dir (`RunFolder`: pretrain.py's and finetune.py's training states,
 saved, checked, resumed and set aside; one lock, one format), pretrain.py's checkpoints read as models, and
 transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`). model.py holds the method;
-this file holds what is written to disk and read back, every file through one writer, `write_file`.
+this file holds what is written to disk and read back (our JSON and safetensors files through one writer, `write_file`).
 
 A training state is data, never code: a ckpt-STEP/ folder (8 digits, as `RunFolder.save` writes it) is read only
 after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler that admits
