@@ -276,8 +276,9 @@ class RunFolder:
             raise DataError(f"{self.path} holds runs but no {self.SETTINGS} (not written by finetune.py, or "
                             f"damaged); choose another --out-dir")
         differ = differences(theirs, {k: v for k, v in settings.items() if k != "sha256"}, flags=True)
+        saved = theirs.get("sha256") or {}
         differ = differ or [f"{f}: changed since then" if "sha256" in theirs else f"{f}: no SHA-256 recorded then"
-                            for f, digest in settings["sha256"].items() if (theirs.get("sha256") or {}).get(f) != digest]
+                            for f, digest in settings["sha256"].items() if saved.get(f) != digest]
         if differ:
             raise DataError(f"{self.path} holds runs made with other settings ({'; '.join(differ)}); "
                             f"resume with the same ones, or choose another --out-dir")

@@ -871,7 +871,8 @@ def test_fine_tuning_killed_on_two_processes_resumes_on_two_bitwise_and_on_one(f
     driver = tmp_path / "driver.py"
     driver.write_text(KILLED_AT.format(repo=str(REPO)))
     args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv", "--eval",
-            f"en={root / 'dev-pairs-en.tsv'}", *SMALL_ARGS[2:], "--epochs", "2", "--checkpoint-every", "2", "--dropout", "0"]
+            f"en={root / 'dev-pairs-en.tsv'}", *SMALL_ARGS[2:], "--epochs", "2", "--checkpoint-every", "2",
+            "--dropout", "0"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
 
     def finetune_py(out, *extra, kill=False):

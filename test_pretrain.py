@@ -385,7 +385,8 @@ def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_i
         run(tokenizer, tmp_path / "moved-run", "--tokenizer", str(missing), "--steps", "4", "--resume")
     assert not moved.exists() and not missing.exists()
     other = train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "other"))
-    with pytest.raises(DataError, match=f"{other} is not the tokenizer .* was trained with \\({os.path.abspath(tokenizer)}"):
+    with pytest.raises(DataError, match=f"{other} is not the tokenizer .* was trained with "
+                                        f"\\({os.path.abspath(tokenizer)}"):
         run(other, tmp_path / "run", "--steps", "4", "--vocab-size", str(Tokenizer(tokenizer).vocab_size), "--resume")
 
 
