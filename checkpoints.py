@@ -1,10 +1,11 @@
-"""The files of RemBERT models: pretrain.py's checkpoint directories (reading them, checked and never trusted;
-saving, rotating and resuming a run's own) and transformers' RemBERT layout both ways (the released checkpoint
-reads with `from_hf`). model.py holds the method; this file holds what is written to disk and read back.
+"""The files of RemBERT models: a run's --out-dir (`RunFolder`: pretrain.py's and finetune.py's training states,
+saved, checked, resumed and set aside; one lock, one format), pretrain.py's checkpoints read as models, and
+transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`). model.py holds the method;
+this file holds what is written to disk and read back (our JSON and safetensors files through one writer, `write_file`).
 
-A checkpoint directory is data, never code: pretrain.py's ckpt-STEP/ (8 digits, as `save_checkpoint` writes it)
-is read only after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler
-that admits the checkpoint library's own classes alone.
+A training state is data, never code: a ckpt-STEP/ folder (8 digits, as `RunFolder.save` writes it) is read only
+after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler that admits
+the checkpoint library's own classes alone.
 """
 
 import enum
@@ -17,6 +18,7 @@ import pickle
 import re
 import shutil
 import stat
+import typing
 import warnings
 import zipfile
 from dataclasses import asdict, fields
@@ -49,17 +51,28 @@ def open_input(path, named=""):
     return open(fd, "rb")
 
 
-def write_json(path, obj):
-    """Written whole or not at all (a crash, another process writing it): a temporary file of ours, renamed."""
+def write_file(path, write, mode="w"):
+    """The one writer of a file: whole or not at all (a crash, a full disk, another process writing it), through a
+    temporary file of ours, renamed; what a failed write left is removed. write(f) fills the open file f."""
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            write(f)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OSError(f"{path}: saving failed ({one_line(e)})") from None
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def write_json(path, obj):
+    write_file(path, lambda f: json.dump(obj, f, indent=2))
 
 
 def load_checkpoint(path):
     """torch.load, after checking the CRC-32 of every record (torch.load does not: a damaged file would give wrong
-    weights): a pytorch_model.bin, or finetune.py's training state."""
+    weights): a Hugging Face directory's pytorch_model.bin. (Training states are never torch.save's.)"""
     try:
         with zipfile.ZipFile(path) as archive:
             damaged = archive.testzip()
@@ -143,8 +156,9 @@ def typed_fields(cls, values):
         return f"not the fields of {cls.__name__}"
     for f in fields(cls):
         value = values[f.name]
-        if not (type(value) is f.type or f.type is float and type(value) is int):
-            return f"{f.name}: {value!r} is not of type {f.type.__name__}"
+        kind = typing.get_origin(f.type) or f.type  # (list[str]: a list)
+        if not (type(value) is kind or kind is float and type(value) is int):
+            return f"{f.name}: {value!r} is not of type {kind.__name__}"
     return None
 
 
@@ -234,30 +248,216 @@ def from_checkpoint(path):
     return model
 
 
-# A run's own folder: ckpt-STEP directories saved, rotated, resumed, set aside
+# A run's --out-dir, pre-training's and fine-tuning's alike
 
-TRAIN_STATE = "train_state.safetensors"  # in a checkpoint: every process's loader and random state
+TRAIN_STATE = "train_state.safetensors"  # in a state: every process's loader and random state
 
 
-def open_out_dir(cfg, lock, log):
-    """The main process's start in --out-dir: lock it (into `lock`), remove what interrupted saves left, and with
-    --resume, find the newest intact checkpoint (returned) and set aside the newer ones it passed over. Only this
-    run's own folders are touched: ckpt- and 8 digits (not an export named ckpt-00000010-hf, say)."""
-    lock.append(claim(cfg.out_dir))
-    own = glob.glob(os.path.join(cfg.out_dir, "ckpt-" + "[0-9]" * 8))
-    remove_partial_saves([p for p in own if os.path.isdir(p) and not os.path.lexists(os.path.join(p, CHECKPOINT_INFO))],
-                         log)
-    if not checkpoint_paths(cfg.out_dir):
-        if cfg.resume:
-            log(f"--resume: no checkpoint in {cfg.out_dir} yet; starting at step 0")
-        return None
-    if not cfg.resume:
-        raise DataError(f"{cfg.out_dir} already holds checkpoints; pass --resume to continue that run, "
-                        f"or choose another --out-dir")
-    resumed = newest_intact_checkpoint(cfg.out_dir, type(cfg), log)
-    for damaged in (p for p in checkpoint_paths(cfg.out_dir) if p > resumed[0]):
-        set_aside(damaged, log)
-    return resumed
+class RunFolder:
+    """A run's --out-dir: locked by the main process while the run writes there; a training state is a ckpt-STEP
+    folder (torch.distributed.checkpoint's shards of the weights and AdamW's state by parameter name: any number of
+    processes reshards them; every process's loader and random state; checkpoint.json last, with every file's
+    SHA-256), pretrain.py's in the folder, finetune.py's in a part of it per rate and seed (lr-R/seed-N); what an
+    interrupted save left is removed; resuming restores the newest intact state of a run with the same settings and
+    sets aside those it passed over; a finished part of a run is recorded in a JSON file, written whole.
+    Only the run's own files are touched: ckpt- and 8 digits (not an export named ckpt-00000010-hf, say)."""
+
+    def __init__(self, path, runtime, log, resume, train_config, holds, settings=None):
+        """Opened by the main process. `train_config`: the dataclass of the states' train_config; `holds`: what a
+        run leaves there ("checkpoints" or "fine-tuning runs"); `settings`: what makes a run this run (fine-tuning's,
+        recorded in SETTINGS at the start, compared on resume; pre-training's are in each checkpoint)."""
+        self.path, self.runtime, self.log, self.resume, self.holds = path, runtime, log, resume, holds
+        self.train_config, self.lock, self.newest_states = train_config, None, {}
+        runtime.on_main(lambda: self._open(settings))
+
+    SETTINGS = "finetune-config.json"
+    STATES = "ckpt-" + "[0-9]" * 8
+    PARTS = os.path.join("lr-*", "seed-*")  # fine-tuning's runs, one per learning rate and seed
+
+    def _open(self, settings):
+        from evaluate import read_json  # (JSON with a key twice refused; evaluate.py imports this file)
+        if os.path.lexists(self.path) and not os.path.isdir(self.path):
+            raise DataError(f"--out-dir {self.path} is a file, not a folder; choose another --out-dir")
+        self.lock = claim(self.path)
+        parts = [self.path, *glob.glob(os.path.join(self.path, self.PARTS))]
+        if old := [p for p in parts if os.path.lexists(os.path.join(p, "train-state.pt"))]:
+            raise DataError(f"{os.path.join(old[0], 'train-state.pt')}: a training state of an older finetune.py, "
+                            f"which this one does not read; remove it to train that run afresh")
+        partial = [p for part in parts for p in glob.glob(os.path.join(part, self.STATES))
+                   if os.path.isdir(p) and not os.path.lexists(os.path.join(p, CHECKPOINT_INFO))]
+        for path in partial + glob.glob(os.path.join(self.path, self.PARTS, "*.tmp")):  # (never read: skipped)
+            remove(path)
+            self.log(f"removed {path}, left by an interrupted save")
+        held = any(checkpoint_paths(p) for p in parts) or settings is not None and any(
+            glob.glob(os.path.join(self.path, name)) for name in (os.path.join(self.PARTS, "*.json"), "results.json"))
+        record = os.path.join(self.path, self.SETTINGS)
+        theirs = read_json(record) if held and settings is not None and os.path.exists(record) else None
+        if theirs is not None and not isinstance(theirs, dict):
+            raise DataError(f"{record}: damaged (not a JSON object); choose another --out-dir")
+        if theirs and theirs.get("task") != settings["task"]:  # (--resume would not make them this task's)
+            raise DataError(f"{self.path} holds fine-tuning runs of {theirs.get('task')}, not {settings['task']}; "
+                            f"choose another --out-dir")
+        if held and not self.resume:
+            raise DataError(f"{self.path} already holds {self.holds}; pass --resume to continue, "
+                            f"or choose another --out-dir")
+        if not held:
+            if self.resume:
+                self.log(f"--resume: no {self.holds.removesuffix('s')} in {self.path} yet; starting at step 0")
+            if settings is not None:
+                write_json(record, settings)
+            return
+        if settings is None:
+            return
+        if theirs is None:
+            raise DataError(f"{self.path} holds runs but no {self.SETTINGS} (not written by finetune.py, or "
+                            f"damaged); choose another --out-dir")
+        differ = differences(theirs, {k: v for k, v in settings.items() if k != "sha256"}, flags=True)
+        saved = theirs.get("sha256") or {}
+        differ = differ or [f"{f}: changed since then" if "sha256" in theirs else f"{f}: no SHA-256 recorded then"
+                            for f, digest in settings["sha256"].items() if saved.get(f) != digest]
+        if differ:
+            raise DataError(f"{self.path} holds runs made with other settings ({'; '.join(differ)}); "
+                            f"resume with the same ones, or choose another --out-dir")
+
+    def part(self, lr, seed):  # fine-tuning's folder of one run (the exact rate: 1e-3 is lr-0.001)
+        return os.path.join(f"lr-{lr!r}", f"seed-{seed}")
+
+    def finished(self, part, name="scores.json"):
+        """What a finished part of the run recorded, or None."""
+        from evaluate import read_json
+        path = os.path.join(self.path, part, name)
+        return read_json(path) if os.path.exists(path) else None
+
+    def record(self, part, obj, name="scores.json"):
+        """Record a part of the run as finished (the main process), its states then no longer needed."""
+        if self.runtime.is_main:
+            write_json(os.path.join(self.path, part, name), obj)
+            for state in checkpoint_paths(os.path.join(self.path, part)):
+                remove(state)
+
+    def newest(self, part=""):
+        """(path, checkpoint.json) of the newest intact state (with --resume), the newer ones set aside; or None."""
+        if part not in self.newest_states:
+            self.newest_states[part] = self.runtime.on_main(lambda: self._newest(os.path.join(self.path, part)))
+        return self.newest_states[part]
+
+    def _newest(self, folder):
+        if not self.resume or not checkpoint_paths(folder):
+            return None
+        damaged = []
+        for path in reversed(checkpoint_paths(folder)):
+            try:
+                info = read_checkpoint_info(path)
+                if problem := typed_fields(self.train_config, info["train_config"]):
+                    raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged (train_config: {problem})")
+                break
+            except DataError as e:
+                self.log(f"warning: {e}; trying the checkpoint before it")
+                damaged.append(os.path.basename(path))
+        else:
+            raise DataError(f"{folder}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
+        for passed in (p for p in checkpoint_paths(folder) if p > path):
+            set_aside(passed, self.log)
+        return path, info
+
+    def restore(self, model, optimizer, same, steps, seed, loader=None, part=""):
+        """The step of the newest intact state, its weights, AdamW's state (resharded onto this run's processes), the
+        loader's place and (with as many processes) every process's random state restored; 0 without one. A state
+        of another model or training (`same`: what must equal its configs; its tokenizer was checked where it was
+        looked up), or past `steps` (the step count and its flag), is refused by name."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+        if not (newest := self.newest(part)):
+            return 0
+        path, info = newest
+        if differ := differences({**info["config"], **info["train_config"]}, same):
+            raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
+                            f"the same --config, overrides and training flags, or another --out-dir")
+        if info["step"] > steps[0]:
+            raise DataError(f"{path} is at step {info['step']}, past {steps[1]}")
+        model_state, optimizer_state = get_state_dict(model, optimizer)
+        self.runtime.lay_out(optimizer)  # AdamW's moments, just made (SPMD: as their parameters)
+        try:
+            extra = read_train_state(os.path.join(path, TRAIN_STATE))
+            if loader is not None:
+                loader.load_state_dict(extra["loader"])  # (before the weights: a refusal costs nothing)
+            state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
+            self._distributed_checkpoint(state, path, load=True)
+            set_state_dict(model, optimizer, model_state_dict=state["model"],
+                           optim_state_dict={**optimizer_state, "state": state["optimizer"]["state"]})
+            if len(extra["rng"]) == self.runtime.world_size:
+                self.runtime.set_rng_state(extra["rng"][self.runtime.rank])
+            else:
+                self.log(f"note: {path} was written by {len(extra['rng'])} process(es); dropout draws anew in these")
+                torch.manual_seed(seed + 1 + self.runtime.rank + info["step"] * self.runtime.world_size)
+        except DataError:
+            raise
+        except (Exception, dcp.CheckpointException) as e:  # (a BaseException): what the directory does not hold
+            raise DataError(f"{path}: not a training state of this model ({one_line(e)})") from None
+        self.log(f"resumed from {path} at step {info['step']}")
+        return info["step"]
+
+    def save(self, step, model, optimizer, config, train_config, tokenizer, loader=None, keep=1, part=""):
+        """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format, every process's data
+        position and random state, and last, checkpoint.json (both configs, the step, the tokenizer, every file's
+        SHA-256; docs/scaling.md). Then the oldest beyond `keep` go."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+        runtime, folder = self.runtime, os.path.join(self.path, part)
+        path = os.path.join(folder, f"ckpt-{step:08d}")
+        if runtime.on_main(lambda: os.path.lexists(path)):  # (resuming set every later checkpoint aside)
+            raise DataError(f"{path} exists already: not written over; move it away, or choose another --out-dir")
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(
+            cpu_offload=not runtime.fsdp))  # replicated: what the main process writes, on the CPU
+        train_state = {"rng": runtime.gather_object(runtime.rng_state())}
+        if loader is not None:
+            train_state["loader"] = runtime.gather_object(loader.state_dict())
+
+        def write_shards():  # (AdamW's settings are this run's: its state alone is saved, all of it tensors)
+            try:
+                self._distributed_checkpoint({"model": model_state, "optimizer": {"state": optimizer_state["state"]}},
+                                             path)
+            except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
+                raise save_error(path, e) from None
+        write_shards() if runtime.fsdp else runtime.on_main(write_shards)  # (sharded, DCP tells every process)
+
+        def complete():
+            try:
+                write_train_state(train_state, os.path.join(path, TRAIN_STATE))
+                write_json(os.path.join(path, CHECKPOINT_INFO), {
+                    "step": step, "config": asdict(config), "train_config": train_config,
+                    "processes": runtime.world_size,
+                    "tokenizer": {"path": os.path.abspath(tokenizer.model_file), "sha256": tokenizer.sha256},
+                    "sha256": {name: sha256(os.path.join(path, name)) for name in sorted(os.listdir(path))}})
+            except Exception as e:  # (safetensors' own errors name no file)
+                raise save_error(path, e) from None
+            for old in checkpoint_paths(folder)[:-keep]:  # (the new one is saved, whatever happens here)
+                try:
+                    remove(old)
+                except OSError as e:
+                    self.log(f"warning: {old}: not removed ({e.strerror}); it is kept beyond the count")
+        runtime.on_main(complete)
+        return path
+
+    def _distributed_checkpoint(self, state, path, load=False):
+        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory. Sharded,
+        each process writes and reads its own shards; replicated, the main process writes all, and each reads all."""
+        collective = self.runtime.fsdp and torch.distributed.is_initialized()
+        with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            if load:
+                dcp.load(state, storage_reader=CheckpointReader(path), planner=self.runtime.planner(load),
+                         no_dist=not collective)
+            elif self.runtime.fsdp or self.runtime.is_main:
+                dcp.save(state, checkpoint_id=path, planner=self.runtime.planner(load), no_dist=not collective)
+
+    def last_good(self, part=""):
+        good = checkpoint_paths(os.path.join(self.path, part))
+        return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
+
+
+def differences(saved, now, flags=False):
+    """'KEY SAVED then, NOW now' for each key of `now` whose value `saved` does not hold (flags: named --key)."""
+    return [f"{'--' * flags}{k.replace('_', '-') if flags else k} {saved.get(k)!r} then, {v!r} now"
+            for k, v in now.items() if saved.get(k) != v]
 
 
 def claim(out_dir):
@@ -285,22 +485,6 @@ def checkpoint_paths(out_dir):
     return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, "ckpt-" + "[0-9]" * 8, CHECKPOINT_INFO)))
 
 
-def newest_intact_checkpoint(out_dir, train_config, log):
-    """(path, checkpoint.json) of the newest checkpoint whose every file has its SHA-256 and whose train_config has
-    the fields of the dataclass `train_config`; a damaged one is skipped."""
-    damaged = []
-    for path in reversed(checkpoint_paths(out_dir)):
-        try:
-            info = read_checkpoint_info(path)
-            if problem := typed_fields(train_config, info["train_config"]):
-                raise DataError(f"{path}/{CHECKPOINT_INFO}: damaged or not pretrain.py's (train_config: {problem})")
-            return path, info
-        except DataError as e:
-            log(f"warning: {e}; trying the checkpoint before it")
-            damaged.append(os.path.basename(path))
-    raise DataError(f"{out_dir}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
-
-
 def set_aside(path, log):
     """Move a checkpoint that resuming passed over out of the way (of --keep's count, of the next --resume), kept
     under the first free name of path.damaged, path.damaged-2, ..."""
@@ -320,59 +504,15 @@ def remove(path):
     shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
 
 
-def remove_partial_saves(paths, log):
-    """Delete what saves that a crash interrupted left, files or directories (never read: every reader skips them)."""
-    for path in paths:
-        remove(path)
-        log(f"removed {path}, left by an interrupted save")
-
-
-def save_checkpoint(runtime, cfg, model, optimizer, loader, step, model_config, tokenizer, log):
-    """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format (by parameter name: any
-    number of processes reshards them), every process's data position and random state, and last, checkpoint.json
-    (both configs, the step, the tokenizer, every file's SHA-256; docs/scaling.md). Then the oldest beyond --keep go."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-    path = os.path.join(cfg.out_dir, f"ckpt-{step:08d}")
-    if runtime.on_main(lambda: os.path.lexists(path)):  # (resuming set every later checkpoint aside)
-        raise DataError(f"{path} exists already: not written over; move it away, or choose another --out-dir")
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=StateDictOptions(
-        cpu_offload=not runtime.fsdp))  # replicated: what the main process writes, on the CPU
-    train_state = {"loader": runtime.gather_object(loader.state_dict()),
-                   "rng": runtime.gather_object(runtime.rng_state())}
-
-    def write_shards():  # (AdamW's settings are this run's: its state alone is saved, all of it tensors)
-        try:
-            runtime.distributed_checkpoint({"model": model_state, "optimizer": {"state": optimizer_state["state"]}},
-                                           path)
-        except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
-            raise save_error(path, e) from None
-    write_shards() if runtime.fsdp else runtime.on_main(write_shards)  # (sharded, DCP tells every process)
-
-    def complete():
-        try:
-            write_train_state(train_state, os.path.join(path, TRAIN_STATE))
-            write_json(os.path.join(path, CHECKPOINT_INFO), {
-                "step": step, "config": asdict(model_config), "train_config": asdict(cfg),
-                "processes": runtime.world_size,
-                "tokenizer": {"path": os.path.abspath(tokenizer.model_file), "sha256": tokenizer.sha256},
-                "sha256": {name: sha256(os.path.join(path, name)) for name in sorted(os.listdir(path))}})
-        except Exception as e:  # (safetensors' own errors name no file)
-            raise save_error(path, e) from None
-        for old in checkpoint_paths(cfg.out_dir)[:-cfg.keep]:  # (the new one is saved, whatever happens here)
-            try:
-                remove(old)
-            except OSError as e:
-                log(f"warning: {old}: not removed ({e.strerror}); --keep counts it no more")
-    runtime.on_main(complete)
-    return path
-
-
 def one_line(error):
     """What failed, in one line: the checkpoint library wraps each process's error, traceback included, in its own."""
     while isinstance(error, dcp.CheckpointException) and error.failures:
         error = next(iter(error.failures.values()))[0]  # (its failures: rank -> (exception, traceback))
-    if getattr(error, "errno", None) == errno.ENOSPC:
-        return f"no space left on device: {error}"
+    cause = error
+    while cause is not None and getattr(cause, "errno", None) != errno.ENOSPC:
+        cause = cause.__cause__ or cause.__context__  # (torch's writer says "unexpected pos" for a full disk)
+    if cause is not None:
+        return f"no space left on device: {cause}"
     if isinstance(error, OSError):
         return str(error)
     return f"{type(error).__name__}: {(str(error).splitlines() or [''])[0]}"
@@ -385,7 +525,7 @@ def save_error(path, error):
 def write_train_state(state, path):
     """Nested dicts and lists of tensors and JSON values (the loader's and the random state of every process) as
     one safetensors file, the tensors by number and the rest as JSON in its header: read back, it runs nothing."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
     tensors = {}
 
     def skeleton(x):
@@ -395,7 +535,8 @@ def write_train_state(state, path):
         if isinstance(x, dict):
             return {"dict": {k: skeleton(v) for k, v in x.items()}}
         return [skeleton(v) for v in x] if isinstance(x, (list, tuple)) else x
-    save_file(tensors, path, metadata={"state": json.dumps(skeleton(state))})
+    metadata = {"state": json.dumps(skeleton(state))}
+    write_file(path, lambda f: f.write(save(tensors, metadata=metadata)), "wb")
 
 
 def read_train_state(path):
@@ -522,7 +663,7 @@ def _read_hf(path):
 def save_hf(model, path):
     """Write `model` as transformers' RemBERT (config.json, model.safetensors): a MaskedLM as RemBertForMaskedLM (its
     pre-training-only layers have no place there: refused), an Encoder as RemBertModel, a task model as RemBertFor..."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
     architecture = next((name for kind, name in _HF_ARCHITECTURES.items() if isinstance(model, kind)), None)
     if architecture is None:
         raise TypeError(f"save_hf cannot export a {type(model).__name__}")
@@ -546,8 +687,5 @@ def save_hf(model, path):
     os.makedirs(path, exist_ok=True)
     write_json(os.path.join(path, "config.json"), hf_config)
     # Clones: a tied output embedding is its own tensor in the file (safetensors refuses shared memory).
-    try:
-        save_file({name: t.detach().cpu().clone() for name, t in state.items()},
-                  os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-    except Exception as e:  # a full disk: safetensors raises its own error, which names no file
-        raise OSError(f"{path}/model.safetensors: saving failed ({e})") from e
+    weights = save({name: t.detach().cpu().clone() for name, t in state.items()}, metadata={"format": "pt"})
+    write_file(os.path.join(path, "model.safetensors"), lambda f: f.write(weights), "wb")

@@ -21,7 +21,6 @@ over --seeds of the rate with the best average of the task's first metric, as th
 """
 
 import copy
-import glob
 import hashlib
 import itertools
 import json
@@ -40,8 +39,8 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from checkpoints import (CHECKPOINT_INFO, DataError, claim, from_checkpoint, from_hf, load_checkpoint,
-                         remove_partial_saves, save_hf, sha256, write_json)
+from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, from_checkpoint, from_hf, save_hf, sha256, write_file,
+                         write_json)
 from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier
 from pretrain import build_optimizer, lr_at, weights_are_sound
 from runtime import launch, setup_runtime
@@ -301,6 +300,24 @@ def build_encoder(cfg, log):
     return encoder
 
 
+def encoder_and_tokenizer(cfg, log):
+    """(the encoder, its tokenizer, cfg with the paper's defaults for that encoder filled in)."""
+    base = build_encoder(cfg, log)
+    cfg = with_defaults(cfg, base.config, log)
+    if cfg.seq_len > base.config.max_position_embeddings:
+        raise DataError(f"--seq-len {cfg.seq_len}: the encoder has {base.config.max_position_embeddings} positions")
+    log(f"finetune config: {asdict(cfg)}")
+    tokenizer = data.tokenizer_for(cfg.init, cfg.tokenizer) if cfg.init else data.Tokenizer(cfg.tokenizer)
+    if tokenizer.vocab_size > base.config.vocab_size:
+        raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces, more than the model's vocab_size "
+                        f"{base.config.vocab_size}: not the model's tokenizer")
+    return base, tokenizer, cfg
+
+
+def settings_of(cfg):  # what features and decoding read
+    return {k: getattr(cfg, k) for k in SETTINGS}
+
+
 def build_model(task, encoder, dropout):
     if task.kind == "classification":
         return SequenceClassifier(encoder, len(task.labels), dropout)
@@ -427,34 +444,28 @@ def eval_sets(cfg, task, held_out):
     return sets
 
 
-def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
-    """Fine-tune `model` in place; resumed from `state_path`, training ends with an uninterrupted run's weights."""
+def schedule(n, cfg, runtime):
+    """(sequences per process and step, steps per epoch, steps, warm-up steps) for `n` training sequences."""
+    if cfg.batch_size % runtime.world_size:
+        raise DataError(f"--batch-size {cfg.batch_size} does not split over {runtime.world_size} processes")
+    if n < cfg.batch_size:
+        raise DataError(f"{n} training sequences are fewer than one batch ({cfg.batch_size}); lower --batch-size")
+    total = n // cfg.batch_size * cfg.epochs  # an epoch's last partial batch is dropped: static shapes
+    return cfg.batch_size // runtime.world_size, n // cfg.batch_size, total, int(cfg.warmup_fraction * total)
+
+
+def train(model, tensors, cfg, lr, seed, runtime, folder, tokenizer, log):
+    """Fine-tune `model` in place, from its run's newest state in `folder` if there is one. Its data is a function of
+    the step: on as many processes it ends with the uninterrupted run's weights, bit for bit; on another number it
+    goes on from the saved step with the saved weights and AdamW's state, dropout drawn anew."""
     n, per_step = tensors["input_ids"].shape[0], cfg.batch_size
-    if per_step % runtime.world_size:
-        raise DataError(f"--batch-size {per_step} does not split over {runtime.world_size} processes")
-    per_process, steps_per_epoch = per_step // runtime.world_size, n // per_step
-    if steps_per_epoch == 0:
-        raise DataError(f"{n} training sequences are fewer than one batch ({per_step}); lower --batch-size")
-    total = steps_per_epoch * cfg.epochs  # an epoch's last partial batch is dropped: static shapes
-    warmup = int(cfg.warmup_fraction * total)
+    per_process, steps_per_epoch, total, warmup = schedule(n, cfg, runtime)
     ddp_model = runtime.wrap_model(model)
     optimizer = build_optimizer(model, lr, cfg.weight_decay)
-    first = 0
-    if os.path.exists(state_path):  # weights, AdamW and this process's random state; its data is a function of the step
-        state = load_checkpoint(state_path)
-        try:
-            if len(state["rng"]) != runtime.world_size:
-                raise DataError(f"{state_path} was written by {len(state['rng'])} processes, this run has "
-                                f"{runtime.world_size}: the processes' data and random draws would not line up")
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            runtime.set_rng_state(state["rng"][runtime.rank])
-            first = state["step"]
-        except DataError:
-            raise
-        except (KeyError, TypeError, ValueError, RuntimeError) as e:  # another program's file, another model's state
-            raise DataError(f"{state_path}: not a training state of this model ({type(e).__name__}: {e})") from None
-        log(f"resumed from {state_path} at step {first}")
+    part, run_config = folder.part(lr, seed), {**asdict(cfg), "lr": [lr], "seeds": [seed]}
+    same = {**asdict(model.encoder.config), "lr": [lr], "seeds": [seed],  # (the files: by what they hold, run_settings)
+            **{k: v for k, v in run_config.items() if k not in NOT_TRAINING | {"init", "tokenizer", "train", "eval"}}}
+    first = folder.restore(model, optimizer, same, (total, f"its {total} steps"), seed, part=part)
 
     def batches():
         generator = torch.Generator().manual_seed(seed)  # the same order in every process
@@ -491,11 +502,10 @@ def train(model, tensors, cfg, lr, runtime, seed, log, state_path):
         stats.zero_()
         if not math.isfinite(loss_sum):
             raise FloatingPointError(f"the loss became {loss_sum / count} by step {step + 1}; try a lower --lr")
+        if checkpoint and not weights_are_sound(model, batch, runtime):
+            raise FloatingPointError(f"the update of step {step + 1} broke the weights; try a lower --lr")
         if checkpoint:
-            if not weights_are_sound(model, batch, runtime):
-                raise FloatingPointError(f"the update of step {step + 1} broke the weights; try a lower --lr")
-            runtime.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step + 1,
-                          "rng": runtime.gather_object(runtime.rng_state())}, state_path)
+            folder.save(step + 1, model, optimizer, model.encoder.config, run_config, tokenizer, part=part)
         now = time.time()
         speed = (step + 1 - last_step) * per_step / (now - last_log)
         log(f"step {step + 1:>5}/{total} | loss {loss_sum / count:.4f} | lr {lr_at(step, warmup, total, lr):.2e} "
@@ -542,16 +552,14 @@ def predict_file(cfg):
     runtime = setup_runtime(cfg.device)
     examples = read_examples(task, cfg.input, labelled=False, flag="--input")
     predictions = predict_examples(model.to(runtime.device), tokenizer, task, examples, info, cfg.batch_size, runtime)
-    tmp = f"{cfg.output}.{os.getpid()}.tmp"  # written whole, then renamed: a crash leaves no half file
-    with open(tmp, "w", encoding="utf-8") as f:
-        if task.kind == "qa":
-            json.dump(predictions, f, ensure_ascii=False)
-        elif task.kind == "tagging":
-            f.write("\n".join("".join(f"{token}\t{tag}\n" for token, tag in zip(e.tokens, tags))
-                              for e, tags in zip(examples, predictions)))
-        else:
-            f.write("".join(label + "\n" for label in predictions))
-    os.replace(tmp, cfg.output)
+    if task.kind == "qa":
+        text = json.dumps(predictions, ensure_ascii=False)
+    elif task.kind == "tagging":
+        text = "\n".join("".join(f"{token}\t{tag}\n" for token, tag in zip(e.tokens, tags))
+                         for e, tags in zip(examples, predictions))
+    else:
+        text = "".join(label + "\n" for label in predictions)
+    write_file(cfg.output, lambda f: f.write(text))  # written whole: a crash leaves no half file
     print(f"wrote {cfg.output}: {cfg.task} predictions for the {len(examples)} examples of {cfg.input}")
 
 
@@ -569,45 +577,22 @@ def with_defaults(cfg, encoder_config, log):
     return cfg
 
 
-def check_out_dir(cfg, runtime, log):
-    """A fresh --out-dir records the training settings; one that holds runs (finished, or with a saved state)
-    needs --resume and the same settings, so that resumed and reused runs are runs of this command."""
-    path = os.path.join(cfg.out_dir, "finetune-config.json")
+def run_settings(cfg, runtime):
+    """What makes the runs of an --out-dir runs of this command: its training settings, the files read (however
+    spelled: relative, absolute, via a link) and what they hold (a file changed at the same path would make a
+    resumed run another run). Of an --init directory, the files read from it (a checkpoint's CHECKPOINT_INFO holds
+    the digests of the rest)."""
     ours = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING}
-    for key in ("init", "tokenizer", "train"):  # a file however it is spelled: relative, absolute, via a link
+    for key in ("init", "tokenizer", "train"):
         ours[key] = ours[key] and os.path.realpath(ours[key])
     evals = [(lang, os.path.realpath(file)) for lang, file in map(eval_spec, cfg.eval)]
     ours["eval"] = [f"{lang}={file}" if lang else file for lang, file in evals]
-    # And what they hold: a file changed at the same path would make a resumed run another run. Of an --init
-    # directory, the files read from it (a checkpoint's CHECKPOINT_INFO holds the digests of the rest).
     read = ("config.json", "model.safetensors", "pytorch_model.bin", "sentencepiece.model", CHECKPOINT_INFO)
     paths = [ours["init"], ours["tokenizer"], ours["train"], *(file for _, file in evals)]
     files = [f for p in paths for f in ([os.path.join(p, n) for n in read] if os.path.isdir(p) else [p])]
     digests = {f: sha256(f) for f in files if os.path.isfile(f)} if runtime.is_main else None
     ours["sha256"] = runtime.gather_object(digests)[0]  # read once, by rank 0 (an --init may be gigabytes)
-    if not any(glob.glob(os.path.join(cfg.out_dir, name))
-               for name in ("lr-*/seed-*/*.json", "lr-*/seed-*/train-state.pt", "results.json")):
-        if runtime.is_main:  # (into the --out-dir that run() claimed)
-            write_json(path, ours)
-        return
-    if not cfg.resume:
-        raise DataError(f"{cfg.out_dir} already holds fine-tuning runs; pass --resume to continue them, "
-                        f"or choose another --out-dir")
-    if not os.path.exists(path):
-        raise DataError(f"{cfg.out_dir} holds runs but no finetune-config.json (not written by finetune.py, or "
-                        f"damaged); choose another --out-dir")
-    theirs = evaluate.read_json(path)
-    if not isinstance(theirs, dict):
-        raise DataError(f"{path}: damaged (not a JSON object); choose another --out-dir")
-    differ = [f"--{k.replace('_', '-')} {theirs.get(k)!r} then, {v!r} now"
-              for k, v in ours.items() if k != "sha256" and theirs.get(k) != v]
-    differ = differ or [f"{f}: changed since then" if "sha256" in theirs else f"{f}: no SHA-256 recorded then"
-                        for f, digest in ours["sha256"].items() if (theirs.get("sha256") or {}).get(f) != digest]
-    if differ:
-        raise DataError(f"{cfg.out_dir} holds runs made with other settings ({'; '.join(differ)}); "
-                        f"resume with the same ones, or choose another --out-dir")
-    if runtime.is_main:
-        remove_partial_saves(glob.glob(os.path.join(cfg.out_dir, "lr-*", "seed-*", "*.tmp")), log)
+    return ours
 
 
 def average(rows):  # of each metric, over a list of {metric: value}
@@ -615,62 +600,18 @@ def average(rows):  # of each metric, over a list of {metric: value}
 
 
 def run(cfg):
+    """The paper's zero-shot protocol (Section 3): fine-tune on English alone, evaluate every language with that one
+    model, and report the learning rate whose average over the languages is best (the mean over --seeds)."""
     runtime = setup_runtime(cfg.device)
-    lock = []  # (the main process's lock on --out-dir, held until the run returns)
-    runtime.on_main(lambda: lock.append(claim(cfg.out_dir)))
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
     log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
     task = TASKS[cfg.task]
-    base = build_encoder(cfg, log)  # read once; every run starts from a copy (from fresh weights with --config)
-    cfg = with_defaults(cfg, base.config, log)
-    if cfg.seq_len > base.config.max_position_embeddings:
-        raise DataError(f"--seq-len {cfg.seq_len}: the encoder has {base.config.max_position_embeddings} positions")
-    log(f"finetune config: {asdict(cfg)}")
-    settings = {k: getattr(cfg, k) for k in SETTINGS}
-    tokenizer = data.tokenizer_for(cfg.init, cfg.tokenizer) if cfg.init else data.Tokenizer(cfg.tokenizer)
-    if tokenizer.vocab_size > base.config.vocab_size:
-        raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces, more than the model's vocab_size "
-                        f"{base.config.vocab_size}: not the model's tokenizer")
-
-    examples = read_examples(task, cfg.train)
-    if len(by_language(examples, "en=" + cfg.train)) > 1:
-        raise DataError(f"{cfg.train}: holds several languages; zero-shot transfer trains on one (English)")
-    train_examples, held_out = split_train(task, examples, cfg.train_fraction)
-    train_examples = train_examples[:cfg.max_train or None]
-    train_tensors, _ = features(task, tokenizer, train_examples, settings, training=True)
-    evals = eval_sets(cfg, task, held_out)
-    log(f"{cfg.train}: {len(train_examples)} training examples; evaluating "
-        + ", ".join(f"{lang} ({len(examples)})" for lang, examples in evals.items()))
-    check_out_dir(cfg, runtime, log)
-
-    sweep = {lr: {} for lr in cfg.lr}  # lr -> seed -> {language: {metric: value}}
-    for lr in cfg.lr:
-        for seed in cfg.seeds:
-            run_dir = os.path.join(cfg.out_dir, f"lr-{lr!r}", f"seed-{seed}")  # the exact rate: 1e-3 is lr-0.001
-            scores_path = os.path.join(run_dir, "scores.json")
-            if os.path.exists(scores_path):  # only with --resume: check_out_dir saw to that
-                scores = sweep[lr][seed] = evaluate.read_json(scores_path)
-                if not (isinstance(scores, dict) and scores.keys() == {*evals, "average"}
-                        and all(isinstance(row, dict) and row.keys() == set(task.metrics) for row in scores.values())):
-                    raise DataError(f"{scores_path}: not the scores of these languages and metrics (damaged?)")
-                log(f"{run_dir} was finished before; its scores are reused")
-                continue
-            torch.manual_seed(seed)  # the head's initialisation (the encoder's with --config) and dropout
-            model = build_model(task, Encoder(base.config) if cfg.config else copy.deepcopy(base), cfg.dropout)
-            runtime.on_main(lambda: os.makedirs(run_dir, exist_ok=True))
-            train(model, train_tensors, cfg, lr, runtime, seed, log, os.path.join(run_dir, "train-state.pt"))
-            scores = sweep[lr][seed] = {}
-            for lang, examples in evals.items():
-                predicted = predict_examples(model, tokenizer, task, examples, settings, cfg.eval_batch_size, runtime)
-                result = evaluate.task_scores(cfg.task, examples, predicted, lang)
-                scores[lang] = {m: result[m] for m in task.metrics}
-            scores["average"] = average(list(scores.values()))
-            evaluate.print_table(f"{cfg.task}, lr {lr!r}, seed {seed}", scores, log)
-            if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
-                save_finetuned(model.cpu(), cfg, tokenizer.model_file, run_dir)
-                write_json(scores_path, scores)
-                os.remove(os.path.join(run_dir, "train-state.pt"))
-                log(f"saved the fine-tuned model to {run_dir}")
+    base, tokenizer, cfg = encoder_and_tokenizer(cfg, log)  # read once; every run starts from a copy
+    english, evals = read_sets(cfg, task, tokenizer, log)
+    folder = RunFolder(cfg.out_dir, runtime, log, cfg.resume, FinetuneConfig, "fine-tuning runs",
+                       run_settings(cfg, runtime))
+    sweep = {lr: {seed: fine_tune_and_evaluate(cfg, task, base, tokenizer, english, evals, lr, seed, folder, runtime,
+                                               log) for seed in cfg.seeds} for lr in cfg.lr}
 
     tables = {lr: {lang: average([runs[s][lang] for s in cfg.seeds]) for lang in runs[cfg.seeds[0]]}
               for lr, runs in sweep.items()}
@@ -684,9 +625,51 @@ def run(cfg):
     if runtime.is_main:
         path = os.path.join(cfg.out_dir, "results.json")
         write_json(path, {"config": asdict(cfg), "lr": best, "results": tables[best], "per_seed": sweep[best],
-                               "per_lr": {repr(lr): table for lr, table in tables.items()}})
+                          "per_lr": {repr(lr): table for lr, table in tables.items()}})
         log(f"wrote {path}")
     return tables[best]
+
+
+def read_sets(cfg, task, tokenizer, log):
+    """(the English training tensors, {language: evaluation examples}): one language to train on, and
+    --train-fraction's held-out part of it evaluated with the --eval files."""
+    examples = read_examples(task, cfg.train)
+    if len(by_language(examples, "en=" + cfg.train)) > 1:
+        raise DataError(f"{cfg.train}: holds several languages; zero-shot transfer trains on one (English)")
+    train_examples, held_out = split_train(task, examples, cfg.train_fraction)
+    train_examples = train_examples[:cfg.max_train or None]
+    english, _ = features(task, tokenizer, train_examples, settings_of(cfg), training=True)
+    evals = eval_sets(cfg, task, held_out)
+    log(f"{cfg.train}: {len(train_examples)} training examples; evaluating "
+        + ", ".join(f"{lang} ({len(examples)})" for lang, examples in evals.items()))
+    return english, evals
+
+
+def fine_tune_and_evaluate(cfg, task, base, tokenizer, english, evals, lr, seed, folder, runtime, log):
+    """One run of the sweep: its scores per language and their average (a finished run's, recorded before)."""
+    part = folder.part(lr, seed)
+    if (scores := folder.finished(part)) is not None:  # (only with --resume: the folder saw to that)
+        if not (isinstance(scores, dict) and scores.keys() == {*evals, "average"}
+                and all(isinstance(row, dict) and row.keys() == set(task.metrics) for row in scores.values())):
+            raise DataError(f"{os.path.join(folder.path, part)}/scores.json: not the scores of these languages and "
+                            f"metrics (damaged?)")
+        log(f"{os.path.join(folder.path, part)} was finished before; its scores are reused")
+        return scores
+    torch.manual_seed(seed)  # the head's initialisation (the encoder's with --config) and dropout
+    model = build_model(task, Encoder(base.config) if cfg.config else copy.deepcopy(base), cfg.dropout)
+    train(model, english, cfg, lr, seed, runtime, folder, tokenizer, log)
+    scores = {}
+    for lang, examples in evals.items():
+        predicted = predict_examples(model, tokenizer, task, examples, settings_of(cfg), cfg.eval_batch_size, runtime)
+        result = evaluate.task_scores(cfg.task, examples, predicted, lang)
+        scores[lang] = {m: result[m] for m in task.metrics}
+    scores["average"] = average(list(scores.values()))
+    evaluate.print_table(f"{cfg.task}, lr {lr!r}, seed {seed}", scores, log)
+    if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
+        save_finetuned(model.cpu(), cfg, tokenizer.model_file, os.path.join(folder.path, part))
+    folder.record(part, scores)
+    log(f"saved the fine-tuned model to {os.path.join(folder.path, part)}")
+    return scores
 
 
 def main(argv=None):

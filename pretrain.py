@@ -30,14 +30,12 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from checkpoints import (TRAIN_STATE, DataError, checkpoint_paths, one_line, open_out_dir, read_train_state,
-                         save_checkpoint)
+from checkpoints import DataError, RunFolder
 from configs import (CONFIGS, DEVICE, GIVEN, POSITIVE, SEED, ArgumentParser, add_flags, build, at_least, check_flags,
                      flag, one_of, parse_flags, run_script)
-from data import MLMLoader, Tokenizer, corpus_files, line_counts, train_tokenizer
+from data import MLMLoader, Tokenizer, corpus_files, line_counts, tokenizer_for, train_tokenizer
 from model import MaskedLM, ModelConfig, count_parameters
 from runtime import launch, setup_runtime
 
@@ -149,32 +147,11 @@ def train_step(model, optimizer, runtime, micro_batches, max_grad_norm, stats):
 def train(model_config, cfg):
     runtime = setup_runtime(cfg.device, cfg.fsdp, cfg.batch_size)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
-    lock = []  # (the main process's lock on --out-dir, held until the run returns)
-    resumed = runtime.on_main(lambda: open_out_dir(cfg, lock, log))  # (path, its checkpoint.json), or None
+    folder = RunFolder(cfg.out_dir, runtime, log, cfg.resume, TrainConfig, "checkpoints")
     log(f"runtime: {runtime.describe()}")
-    cfg = resumed_tokenizer(cfg, resumed, log)
-    log(f"model config: {asdict(model_config)}\ntrain config: {asdict(cfg)}")
-    if cfg.max_predictions < round(0.15 * cfg.seq_len):  # create_pretraining_data.py's cap, the same
-        log(f"note: --max-predictions {cfg.max_predictions} masks {cfg.max_predictions / cfg.seq_len:.1%} of "
-            f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
-    tokenizer = ensure_tokenizer(cfg, model_config, runtime, log)
-    files = [p for paths in corpus_files(cfg.data).values() for p in paths]
-    lines = runtime.on_main(lambda: line_counts(files))  # the corpus read once
-
-    torch.manual_seed(cfg.seed)  # the same initial weights in every process
-    raw_model = MaskedLM(model_config).to(runtime.device)
-    raw_model.tie_weights()  # (moved to an XLA device, a coupled model has two matrices)
-    raw_model.encoder.pooler.requires_grad_(False)  # no NSP: the pooler gets no gradient
-    model = runtime.wrap_model(raw_model)
-    model = torch.compile(model) if cfg.compile else model
-    optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
-    loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
-                       max_predictions=cfg.max_predictions, rank=runtime.rank, world_size=runtime.world_size,
-                       grad_accum=cfg.grad_accum, num_workers=cfg.num_workers, seed=cfg.seed, counts=lines)
-    counts = count_parameters(raw_model)
-    log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
-    torch.manual_seed(cfg.seed + 1 + runtime.rank)  # dropout: different draws in each process (resume sets its own)
-    step = resume(runtime, cfg, model_config, raw_model, optimizer, loader, tokenizer, *resumed, log) if resumed else 0
+    cfg, tokenizer, raw_model, model, optimizer, loader = build_training(model_config, cfg, runtime, folder, log)
+    same = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
+    step = folder.restore(raw_model, optimizer, same, (cfg.steps, f"--steps {cfg.steps}"), cfg.seed, loader)
 
     tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * runtime.world_size
     stats = torch.zeros(3, device=runtime.device)
@@ -203,7 +180,7 @@ def train(model_config, cfg):
             loss = loss_sum / max(count, 1.0)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"the loss became {loss} between steps {last_step + 1} and {step}; "
-                                         f"{last_good(cfg.out_dir)} (try a lower --lr)")
+                                         f"{folder.last_good()} (try a lower --lr)")
             seconds_per_step = (time.time() - last_log) / (step - last_step)
             log(f"step {step:>6}/{cfg.steps} | loss {loss:.6f} | mlm acc {correct / max(count, 1.0):.3f} "
                 f"| lr {lr:.2e} | {tokens_per_step / seconds_per_step:,.0f} tok/s "
@@ -211,41 +188,68 @@ def train(model_config, cfg):
             last_log, last_step = time.time(), step
         if not weights_are_sound(raw_model, micro_batches[-1], runtime):
             raise FloatingPointError(f"the update of step {step} broke the weights (not finite, or a non-finite "
-                                     f"loss); not saved. {last_good(cfg.out_dir)} (try a lower --lr)")
-        path = save_checkpoint(runtime, cfg, raw_model, optimizer, loader, step, model_config, tokenizer, log)
+                                     f"loss); not saved. {folder.last_good()} (try a lower --lr)")
+        path = folder.save(step, raw_model, optimizer, model_config, asdict(cfg), tokenizer, loader, cfg.keep)
         log(f"saved {path}")
     log(f"done: {cfg.steps} steps in {(time.time() - started) / 60:.1f} min")
     return raw_model
 
 
-# Around the loop: the tokenizer, the weights' check, resuming
+# Around the loop: what it trains, the tokenizer, the weights' check
 
-def ensure_tokenizer(cfg, model_config, runtime, log):
-    """The --tokenizer, trained on --data by the main process if it is not there yet, checked against the model."""
-    if not runtime.gather_object(os.path.exists(cfg.tokenizer))[0]:  # rank 0 decides: every process waits alike
-        log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {cfg.tokenizer}")
-        prefix = cfg.tokenizer.removesuffix(".model")
-        runtime.on_main(lambda: train_tokenizer(cfg.data, model_config.vocab_size, prefix))
-    tokenizer = Tokenizer(cfg.tokenizer)
+def build_training(model_config, cfg, runtime, folder, log):
+    """(cfg, tokenizer, the model, the model on the processes, AdamW, the loader): a new run's, or with the
+    tokenizer of the checkpoint it resumes."""
+    resumed = folder.newest()  # (path, checkpoint.json) with --resume, or None
+    tokenizer = ensure_tokenizer(cfg, model_config, runtime, log, resumed and resumed[0])
+    cfg = replace(cfg, tokenizer=tokenizer.model_file)
+    log(f"model config: {asdict(model_config)}\ntrain config: {asdict(cfg)}")
+    if resumed and cfg.steps != resumed[1]["train_config"]["steps"]:  # --steps may grow
+        log(f"--steps {cfg.steps}: the learning rate decays to 0 at step {cfg.steps} now, no longer at step "
+            f"{resumed[1]['train_config']['steps']}")
+    if cfg.max_predictions < round(0.15 * cfg.seq_len):  # create_pretraining_data.py's cap, the same
+        log(f"note: --max-predictions {cfg.max_predictions} masks {cfg.max_predictions / cfg.seq_len:.1%} of "
+            f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
+    files = [p for paths in corpus_files(cfg.data).values() for p in paths]
+    lines = runtime.on_main(lambda: line_counts(files))  # the corpus read once
+
+    torch.manual_seed(cfg.seed)  # the same initial weights in every process
+    raw_model = MaskedLM(model_config).to(runtime.device)
+    raw_model.tie_weights()  # (moved to an XLA device, a coupled model has two matrices)
+    raw_model.encoder.pooler.requires_grad_(False)  # no NSP: the pooler gets no gradient
+    model = runtime.wrap_model(raw_model)
+    model = torch.compile(model) if cfg.compile else model
+    optimizer = build_optimizer(raw_model, cfg.lr, cfg.weight_decay)
+    loader = MLMLoader(cfg.data, tokenizer, batch_size=cfg.batch_size, seq_len=cfg.seq_len,
+                       max_predictions=cfg.max_predictions, rank=runtime.rank, world_size=runtime.world_size,
+                       grad_accum=cfg.grad_accum, num_workers=cfg.num_workers, seed=cfg.seed, counts=lines)
+    counts = count_parameters(raw_model)
+    log(f"parameters: {counts['pretraining']:,} in pre-training, {counts['finetuning']:,} kept for fine-tuning")
+    torch.manual_seed(cfg.seed + 1 + runtime.rank)  # dropout: different draws in each process (resume sets its own)
+    return cfg, tokenizer, raw_model, model, optimizer, loader
+
+
+def ensure_tokenizer(cfg, model_config, runtime, log, resumed=None):
+    """The tokenizer of the checkpoint `resumed` (--tokenizer, if it names a file, must be that one), or else the
+    --tokenizer, trained on --data by the main process if it is not there yet; checked against the model."""
+    if resumed:
+        named = os.path.exists(cfg.tokenizer)
+        tokenizer = tokenizer_for(resumed, cfg.tokenizer if named else "")
+        if not named:  # (the default, run from another directory): the checkpoint's, never a new one
+            log(f"--resume: {resumed}'s tokenizer, {tokenizer.model_file}")
+    else:
+        if not runtime.gather_object(os.path.exists(cfg.tokenizer))[0]:  # rank 0 decides: every process waits alike
+            log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {cfg.tokenizer}")
+            prefix = cfg.tokenizer.removesuffix(".model")
+            runtime.on_main(lambda: train_tokenizer(cfg.data, model_config.vocab_size, prefix))
+        tokenizer = Tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > model_config.vocab_size:
-        raise DataError(f"{cfg.tokenizer} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
+        raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
                         f"{model_config.vocab_size}; pass --vocab-size {tokenizer.vocab_size}")
     if tokenizer.vocab_size < model_config.vocab_size:
-        log(f"note: {cfg.tokenizer} has {tokenizer.vocab_size} pieces, fewer than vocab_size "
+        log(f"note: {tokenizer.model_file} has {tokenizer.vocab_size} pieces, fewer than vocab_size "
             f"{model_config.vocab_size}; the extra embedding rows stay unused")
     return tokenizer
-
-
-def resumed_tokenizer(cfg, resumed, log):
-    """A resumed run whose --tokenizer names no file goes on with its checkpoint's, never a new one."""
-    if not resumed or os.path.exists(cfg.tokenizer):
-        return cfg
-    saved = resumed[1]["tokenizer"]["path"]
-    if not os.path.exists(saved):
-        raise DataError(f"--tokenizer {cfg.tokenizer} is not there, nor the one {resumed[0]} was trained with "
-                        f"({saved}); pass --tokenizer with that file")
-    log(f"--resume: {resumed[0]}'s tokenizer, {saved}")
-    return replace(cfg, tokenizer=saved)
 
 
 def weights_are_sound(model, batch, runtime):
@@ -258,52 +262,6 @@ def weights_are_sound(model, batch, runtime):
     local = [p.to_local() if isinstance(p, DTensor) else p for p in model.parameters()]
     finite = torch.stack([torch.isfinite(loss)] + [torch.isfinite(p).all() for p in local]).all()
     return runtime.all_reduce_sum((~finite).float()).item() == 0
-
-
-def resume(runtime, cfg, model_config, model, optimizer, loader, tokenizer, path, info, log):
-    """Continue the run of checkpoint `path` (its checkpoint.json: `info`), returning its step: another model,
-    training or tokenizer is refused by name; the loader goes on where it was (any split of the same global
-    batch); the weights and AdamW's state are resharded onto this run's processes; with as many processes,
-    each draws its own random numbers on (bitwise the uninterrupted run), with another number, new ones."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    saved = {**info["config"], **{k: info["train_config"].get(k) for k in SAME_ON_RESUME}}
-    now = {**asdict(model_config), **{k: getattr(cfg, k) for k in SAME_ON_RESUME}}
-    if differ := [f"{k} {saved.get(k)!r} then, {v!r} now" for k, v in now.items() if saved.get(k) != v]:
-        raise DataError(f"{path} was written for another model or training ({'; '.join(differ)}); pass "
-                        f"the same --config, overrides and training flags, or another --out-dir")
-    if info["tokenizer"]["sha256"] != tokenizer.sha256:
-        raise DataError(f"{path} was trained with the tokenizer {info['tokenizer']['path']}; "
-                        f"{cfg.tokenizer} is another one (or has changed since)")
-    if info["step"] > cfg.steps:
-        raise DataError(f"{path} is at step {info['step']}, past --steps {cfg.steps}")
-    model_state, optimizer_state = get_state_dict(model, optimizer)
-    runtime.lay_out(optimizer)  # AdamW's moments, just made (SPMD: as their parameters)
-    try:
-        extra = read_train_state(os.path.join(path, TRAIN_STATE))
-        loader.load_state_dict(extra["loader"])  # (before the weights: a refusal costs nothing)
-        state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
-        runtime.distributed_checkpoint(state, path, load=True)
-        set_state_dict(model, optimizer, model_state_dict=state["model"],
-                       optim_state_dict={**optimizer_state, "state": state["optimizer"]["state"]})
-        if len(extra["rng"]) == runtime.world_size:
-            runtime.set_rng_state(extra["rng"][runtime.rank])
-        else:
-            log(f"note: {path} was written by {len(extra['rng'])} process(es); dropout draws anew in these")
-            torch.manual_seed(cfg.seed + 1 + runtime.rank + info["step"] * runtime.world_size)
-    except DataError:
-        raise
-    except (Exception, dcp.CheckpointException) as e:  # (a BaseException): what the directory does not hold
-        raise DataError(f"{path}: not a training state of this model ({one_line(e)})") from None
-    log(f"resumed from {path} at step {info['step']}")
-    if cfg.steps != info["train_config"]["steps"]:  # --steps may grow
-        log(f"--steps {cfg.steps}: the learning rate decays to 0 at step {cfg.steps} now, no longer at step "
-            f"{info['train_config']['steps']}")
-    return info["step"]
-
-
-def last_good(out_dir):
-    good = checkpoint_paths(out_dir)
-    return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
 
 
 def main(argv=None):

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
-from checkpoints import CheckpointReader, DataError, save_error
+from checkpoints import DataError
 from configs import resolve_device
 
 
@@ -143,34 +142,9 @@ class Runtime:
         import torch_xla.debug.metrics as met
         return f" | xla compiles {(met.metric_data('CompileTime') or [0])[0]}"
 
-    def save(self, obj, path):
-        """One file (finetune.py's training state), written whole or not at all: a temporary file, flushed, renamed."""
-        tmp = path + ".tmp"
-        try:
-            if self.kind == "xla":
-                self.xm.save(obj, tmp, master_only=True, global_master=True)  # moves to CPU; all call it
-            elif self.is_main:
-                torch.save(obj, tmp)
-            if self.is_main:
-                with open(tmp, "rb") as f:
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-        except (OSError, RuntimeError) as e:
-            raise save_error(path, e) from e
-        finally:
-            if self.is_main and os.path.exists(tmp):  # a save that failed (a full disk, Ctrl-C) leaves no partial file
-                os.remove(tmp)
-
-    def distributed_checkpoint(self, state, path, load=False, planner=None):
-        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory. Sharded,
-        each process writes and reads its own shards; replicated, the main process writes all, and each reads all."""
-        collective = self.fsdp and dist.is_initialized()
-        with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            if load:
-                dcp.load(state, storage_reader=CheckpointReader(path), planner=planner, no_dist=not collective)
-            elif self.fsdp or self.is_main:
-                dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
+    def planner(self, load):
+        """How torch.distributed.checkpoint lays a state out (only SPMD has its own planners)."""
+        return None
 
 
 @dataclass
@@ -207,9 +181,9 @@ class SPMDRuntime(Runtime):
         sharding = xs.ShardingSpec(self.mesh, ("fsdp", None), minibatch=True)
         return iter(MpDeviceLoader(batches, self.device, input_sharding=sharding))
 
-    def distributed_checkpoint(self, state, path, load=False, planner=None):
+    def planner(self, load):
         from torch_xla.experimental.distributed_checkpoint import SPMDLoadPlanner, SPMDSavePlanner
-        super().distributed_checkpoint(state, path, load, SPMDLoadPlanner() if load else SPMDSavePlanner())
+        return SPMDLoadPlanner() if load else SPMDSavePlanner()
 
 
 def setup_runtime(device="auto", fsdp=False, batch_size=None):

@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+import checkpoints
 from checkpoints import DataError, from_hf, load_checkpoint, save_hf
 from model import Encoder, MaskedLM, count_parameters
 from test_model import SMALL, batch, hf_config
@@ -259,6 +260,26 @@ def test_metadata_pickled_by_python_3_13_reads_its_paths():
     data = pickle.dumps(pathlib.PosixPath("ckpt"), protocol=2).replace(b"cpathlib\n", b"cpathlib._local\n")
     assert b"pathlib._local" in data
     assert _MetadataUnpickler(io.BytesIO(data)).load() == pathlib.PosixPath("ckpt")
+
+
+def test_a_failed_write_names_the_file_and_leaves_the_file_before(tmp_path, monkeypatch):
+    """checkpoints.write_file, the one writer of a file: whole or not at all."""
+    path = tmp_path / "scores.json"
+    checkpoints.write_json(path, {"step": 1})
+
+    def disk_full(f):
+        f.write("half a file")
+        raise OSError(28, "No space left on device")
+    with pytest.raises(OSError, match=r"scores.json: saving failed \(no space left on device"):
+        checkpoints.write_file(path, disk_full)
+
+    def interrupted(f):
+        f.write("half a file")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        checkpoints.write_file(path, interrupted)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["scores.json"]  # no partial file left
+    assert json.loads(path.read_text()) == {"step": 1}
 
 
 # --------------------------------------------------------------------------------------------

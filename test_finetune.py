@@ -21,10 +21,9 @@ from safetensors.torch import load_file
 import data
 import evaluate
 import finetune
-from configs import CONFIGS, parse_command_line
+from configs import parse_command_line
 from evaluate import CLASSIFICATION_LABELS, MLQA_LANGUAGES, TAGGING_LABELS
 from checkpoints import DataError
-from model import MaskedLM
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
@@ -208,6 +207,11 @@ def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp
     run(*args)  # the same --out-dir, other settings, no --resume: nothing was trained there
     with pytest.raises(DataError, match="already holds fine-tuning runs; pass --resume"):
         run(*args, "--batch-size", "3")
+    with pytest.raises(DataError, match="holds fine-tuning runs of xnli, not panx; choose another --out-dir$"):
+        run("--task", "panx", *args[2:-len(SMALL_ARGS) - 6], "--train", root / "tags-en.tsv", "--eval",
+            f"en={root / 'dev-tags-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS)  # (--resume would not do)
+    with pytest.raises(DataError, match="--out-dir .*finetune-config.json is a file, not a folder; choose another"):
+        run(*args[:-len(SMALL_ARGS) - 2], "--out-dir", tmp_path / "finetune-config.json", *SMALL_ARGS)
     (tmp_path / "finetune-config.json").unlink()
     with pytest.raises(DataError, match="holds runs but no finetune-config.json"):
         run(*args, "--resume")
@@ -278,7 +282,9 @@ def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch,
     with pytest.raises(KeyboardInterrupt):
         run(*args, "--out-dir", tmp_path / "crashed")
     monkeypatch.setattr(finetune, "lr_at", lr_at)
-    assert (tmp_path / "crashed" / "lr-0.001" / "seed-0" / "train-state.pt").exists()
+    state = tmp_path / "crashed" / "lr-0.001" / "seed-0" / "ckpt-00000002"
+    assert (state / "checkpoint.json").exists()
+    refused_states(args, tmp_path)
     with pytest.raises(DataError, match="pass --resume"):
         run(*args, "--out-dir", tmp_path / "crashed")
     with pytest.raises(DataError, match="--epochs 2 then, 3 now"):
@@ -290,12 +296,63 @@ def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch,
     assert "at step 2" in capsys.readouterr().out
     whole, resumed = (load_file(tmp_path / d / "lr-0.001" / "seed-0" / "model.safetensors") for d in ("whole", "crashed"))
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
-    assert not (tmp_path / "crashed" / "lr-0.001" / "seed-0" / "train-state.pt").exists()
+    assert not state.exists()
     # A finished run is not trained again: its scores are reused.
     run(*args, "--out-dir", tmp_path / "crashed", "--resume")
     assert "finished before" in capsys.readouterr().out
     results = [json.loads((tmp_path / d / "results.json").read_text())["results"] for d in ("whole", "crashed")]
     assert results[0] == results[1]
+
+
+def test_a_full_disk_stops_fine_tuning_with_one_line_and_the_state_before_resumes(files, tmp_path, monkeypatch, capsys):
+    from test_pretrain import full_disk
+    root, spm = files
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
+            "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path, *SMALL_ARGS, "--checkpoint-every", "2"]
+
+    def disk_full_at_step_3(step, *rest):  # after the state of step 2 was saved
+        if step == 2:
+            full_disk(monkeypatch, room=5000)
+        return lr_at(step, *rest)
+    lr_at = finetune.lr_at
+    monkeypatch.setattr(finetune, "lr_at", disk_full_at_step_3)
+    with pytest.raises(OSError) as failed:
+        run(*args)
+    assert "seed-0/ckpt-00000004: saving failed (no space left on device" in str(failed.value)
+    assert "\n" not in str(failed.value)
+    monkeypatch.undo()
+    capsys.readouterr()
+    run(*args, "--resume")
+    out = capsys.readouterr().out
+    assert "ckpt-00000004, left by an interrupted save" in out and "at step 2" in out
+
+
+def refused_states(args, tmp_path):
+    """The state of the crashed run in tmp_path/crashed (step 2 of 8), copied, edited or damaged: each refused with
+    one line, or passed over and set aside."""
+    from test_pretrain import rewrite_info
+    def copy(name):
+        shutil.copytree(tmp_path / "crashed", tmp_path / name)
+        return tmp_path / name, tmp_path / name / "lr-0.001" / "seed-0"
+    out, part = copy("other-rate")  # lr 0.001's state in lr 0.002's folder: not that run's
+    (out / "lr-0.002").mkdir()
+    part.rename(out / "lr-0.002" / "seed-0")
+    with pytest.raises(DataError, match=r"ckpt-00000002 was written for another model or training \(lr \[0.001\] "
+                                        r"then, \[0.002\] now\)"):
+        run(*[a if a != "1e-3" else "2e-3" for a in args], "--out-dir", out, "--resume")
+    out, part = copy("past-the-run")  # a step the run never reaches (its folder and digests to match)
+    (part / "ckpt-00000002").rename(part / "ckpt-00001000")
+    rewrite_info(part / "ckpt-00001000", step=1000)
+    with pytest.raises(DataError, match=r"ckpt-00001000 is at step 1000, past its 8 steps"):
+        run(*args, "--out-dir", out, "--resume")
+    out, part = copy("old-format")
+    (part / "train-state.pt").write_bytes(b"PK\x03\x04 torch.save's")
+    with pytest.raises(DataError, match=r"seed-0/train-state.pt: a training state of an older finetune.py"):
+        run(*args, "--out-dir", out, "--resume")
+    out, part = copy("damaged")
+    (part / "ckpt-00000002" / "__0_0.distcp").write_bytes(b"half")
+    with pytest.raises(DataError, match=r"seed-0: no intact checkpoint to resume from \(damaged: ckpt-00000002\)"):
+        run(*args, "--out-dir", out, "--resume")
 
 
 def test_resume_refuses_files_changed_at_the_same_path(files, hf_dir, tmp_path):
@@ -475,19 +532,7 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
         (saved / "finetune.json").write_text(json.dumps({**info, **edit}))
         with pytest.raises(DataError, match=message):
             finetune.load_finetuned(saved)
-    # An interrupted run's training state, damaged: --resume names it instead of loading it.
-    (saved / "scores.json").unlink()
-    (saved / "train-state.pt").write_bytes(b"PK\x03\x04 not really a checkpoint")
-    with pytest.raises(DataError, match=r"train-state.pt: damaged or not a checkpoint"):
-        run(*args, "--resume")
-    # Intact files, but not this run's training state: another model's, or another program's.
-    for state, message in (({"model": MaskedLM(CONFIGS["tiny"]).state_dict(), "optimizer": {}, "step": 1,
-                             "rng": [None]}, "not a training state of this model"),
-                           ({"model": {}, "x": 1}, "not a training state of this model"),
-                           ({"rng": [None, None]}, "was written by 2 processes, this run has 1")):
-        torch.save(state, saved / "train-state.pt")
-        with pytest.raises(DataError, match=rf"train-state.pt:? {message}"):
-            run(*args, "--resume")
+    (saved / "scores.json").unlink()  # an interrupted run: --resume reads its settings
     (tmp_path / "finetune-config.json").write_text("[1, 2]")
     with pytest.raises(DataError, match=r"finetune-config.json: damaged \(not a JSON object\)"):
         run(*args, "--resume")
@@ -837,3 +882,54 @@ def test_tagging_with_two_processes_trains_as_one(files, tmp_path):
                        check=True, capture_output=True)
         weights.append(load_file(tmp_path / out / "lr-0.01" / "seed-0" / "model.safetensors"))
     assert max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0]) < 1e-5
+
+
+KILLED_AT = """
+import os, signal, sys
+sys.path.insert(0, {repo!r})
+import finetune
+lr_at = finetune.lr_at
+def killed(step, *rest):  # SIGKILL mid-epoch, after the state of step 2 was saved
+    if step == 3 and os.environ.get("KILL_AT_STEP_3"):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return lr_at(step, *rest)
+finetune.lr_at = killed
+finetune.main(sys.argv[1:])
+"""
+
+
+def test_fine_tuning_killed_on_two_processes_resumes_on_two_bitwise_and_on_one(files, tmp_path, capsys):
+    root, spm = files
+    driver = tmp_path / "driver.py"
+    driver.write_text(KILLED_AT.format(repo=str(REPO)))
+    args = ["--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv", "--eval",
+            f"en={root / 'dev-pairs-en.tsv'}", *SMALL_ARGS[2:], "--epochs", "2", "--checkpoint-every", "2",
+            "--dropout", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def finetune_py(out, *extra, kill=False):
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(driver),
+                   *map(str, args), "--out-dir", str(out), *extra]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                              env={**env, **({"KILL_AT_STEP_3": "1"} if kill else {})})
+        return done.stdout + done.stderr[-3000:]  # (gloo may abort at exit after finishing: judged by the files)
+    straight = finetune_py(tmp_path / "straight")
+    assert "2 process(es)" in straight, straight
+    finetune_py(tmp_path / "killed", kill=True)
+    part = Path("lr-0.001", "seed-0")
+    assert (tmp_path / "killed" / part / "ckpt-00000002" / "checkpoint.json").exists()
+    assert not (tmp_path / "killed" / part / "model.safetensors").exists()
+    shutil.copytree(tmp_path / "killed", tmp_path / "on-one")
+    again = finetune_py(tmp_path / "killed", "--resume")  # 2 -> 2: the uninterrupted run's weights, bit for bit
+    assert "at step 2" in again
+    whole, resumed = (load_file(tmp_path / d / part / "model.safetensors") for d in ("straight", "killed"))
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    capsys.readouterr()
+    run(*args, "--out-dir", tmp_path / "on-one", "--resume")  # 2 -> 1: from the saved step, to the end
+    one = capsys.readouterr().out
+    assert "1 process(es)" in one and "written by 2 process(es)" in one and "at step 2" in one
+    losses = [[float(line.split("| loss ")[1].split()[0]) for line in log.splitlines() if line.startswith("step ")]
+              for log in (straight, one)]
+    assert len(losses[1]) == 6 and losses[1] == pytest.approx(losses[0][2:], abs=1e-4)
+    on_one = load_file(tmp_path / "on-one" / part / "model.safetensors")
+    assert all(torch.allclose(whole[k], on_one[k], atol=1e-4) for k in whole)

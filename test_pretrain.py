@@ -25,7 +25,7 @@ import pretrain
 import runtime as runtimes
 from configs import CONFIGS
 from data import MLMLoader, Tokenizer, train_tokenizer
-from checkpoints import DataError, load_checkpoint, read_metadata, sha256
+from checkpoints import DataError, read_metadata, sha256
 from model import MaskedLM
 
 REPO = Path(__file__).parent
@@ -240,29 +240,6 @@ def test_an_update_that_breaks_the_weights_is_never_saved(tokenizer, tmp_path, m
     assert [Path(p).name for p in checkpoints.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
 
 
-def test_a_failed_save_names_the_file_and_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
-    runtime = runtimes.setup_runtime("cpu")
-    path = str(tmp_path / "ckpt-00000001.pt")
-    runtime.save({"step": 1}, path)
-
-    def disk_full(obj, f):
-        Path(f).write_bytes(b"half a checkpoint")
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(torch, "save", disk_full)
-    with pytest.raises(OSError, match=r"ckpt-00000002.pt: saving failed .*No space left on device"):
-        runtime.save({"step": 2}, str(tmp_path / "ckpt-00000002.pt"))
-    def interrupted(obj, f):
-        Path(f).write_bytes(b"half a checkpoint")
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(torch, "save", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        runtime.save({"step": 2}, str(tmp_path / "ckpt-00000002.pt"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-00000001.pt"]  # no partial file left
-    assert load_checkpoint(path) == {"step": 1}
-
-
 def test_a_failed_save_names_its_directory_and_the_next_run_removes_it(tokenizer, tmp_path, monkeypatch, capsys):
     run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2")
     newest = checkpoints.checkpoint_paths(tmp_path)[-1]
@@ -409,12 +386,13 @@ def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_i
     moved.write_bytes(Path(tokenizer).read_bytes())
     run(str(moved), tmp_path / "moved-run", "--steps", "2", "--checkpoint-every", "2")
     moved.unlink()
-    with pytest.raises(DataError, match=f"--tokenizer {missing} is not there, nor the one .* was trained with "
-                                        f"\\({moved}\\); pass --tokenizer with that file"):
+    with pytest.raises(DataError, match=f"was trained with the tokenizer {moved}, which is not there \\(moved\\?\\); "
+                                        f"pass --tokenizer"):
         run(tokenizer, tmp_path / "moved-run", "--tokenizer", str(missing), "--steps", "4", "--resume")
     assert not moved.exists() and not missing.exists()
     other = train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "other"))
-    with pytest.raises(DataError, match=f"with the tokenizer {os.path.abspath(tokenizer)}; {other} is another one"):
+    with pytest.raises(DataError, match=f"{other} is not the tokenizer .* was trained with "
+                                        f"\\({os.path.abspath(tokenizer)}"):
         run(other, tmp_path / "run", "--steps", "4", "--vocab-size", str(Tokenizer(tokenizer).vocab_size), "--resume")
 
 
@@ -762,6 +740,39 @@ def test_a_full_disk_is_one_line_and_the_checkpoint_before_stays(tokenizer, tmp_
     assert final_state(tmp_path)["step"] == 4
 
 
+def full_disk(monkeypatch, room=5000):
+    """The disk of torch.distributed.checkpoint's files full after `room` bytes, as the system says it: a write that
+    finds no room fails with ENOSPC (which torch's own writer reports as "unexpected pos")."""
+    import contextlib
+    import errno
+    import io
+    left = [room]
+
+    class Full(io.FileIO):
+        def write(self, b):
+            if not left[0]:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            n = super().write(memoryview(b).cast("B")[:left[0]])
+            left[0] -= n
+            return n
+
+    @contextlib.contextmanager
+    def create_stream(self, path, mode):
+        with io.BufferedWriter(Full(path, "w")) if "w" in mode else open(path, mode) as stream:
+            yield stream
+    monkeypatch.setattr(torch.distributed.checkpoint.filesystem.FileSystem, "create_stream", create_stream)
+
+
+def test_a_really_full_disk_says_so_in_one_line(tokenizer, tmp_path, monkeypatch):
+    run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
+    full_disk(monkeypatch, room=5000)
+    with pytest.raises(OSError) as failed:
+        run(tokenizer, tmp_path, "--steps", "4", "--checkpoint-every", "2", "--resume")
+    assert "ckpt-00000004: saving failed (no space left on device" in str(failed.value)
+    assert "\n" not in str(failed.value)
+    assert [Path(p).name for p in checkpoints.checkpoint_paths(tmp_path)] == ["ckpt-00000002"]
+
+
 def test_rank_and_world_size_without_torchrun_are_one_line(tokenizer, tmp_path, monkeypatch):
     monkeypatch.delenv("MASTER_ADDR", raising=False)
     for env, flags in (({"RANK": "0", "WORLD_SIZE": "2"}, []), ({"RANK": "0", "WORLD_SIZE": "two"}, []),
@@ -776,6 +787,10 @@ def test_rank_and_world_size_without_torchrun_are_one_line(tokenizer, tmp_path, 
     os.mkfifo(tmp_path / ".lock")  # an --out-dir's lock that would hang the run: named instead
     with pytest.raises(DataError, match=r"\.lock: not a regular file"):
         run(tokenizer, tmp_path, "--steps", "2")
+    (tmp_path / "a-file").write_text("the user's")  # an --out-dir that names a file: named, the file kept
+    with pytest.raises(DataError, match=r"--out-dir .*a-file is a file, not a folder; choose another --out-dir"):
+        run(tokenizer, tmp_path / "a-file", "--steps", "2")
+    assert (tmp_path / "a-file").read_text() == "the user's"
 
 
 def test_a_process_whose_peers_are_gone_says_so_in_one_line(monkeypatch, capsys):
