@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from dataclasses import replace
 from pathlib import Path
 
@@ -84,9 +85,10 @@ def test_loader_command_streams_the_corpus_it_is_given():
     assert "tokens/s" in out and "workers" in out
 
 
-def test_bad_settings_are_refused(tmp_path, capsys):
+def test_bad_settings_are_refused(tmp_path, capsys, monkeypatch):
     """Each refused as `python benchmark.py ...` refuses it (run_script around main), in this process: one line,
     exit code 2."""
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # (run_script sets it for the process)
     for command, message in ((["loader", "--data", str(tmp_path)], "no *.txt files in this directory"),
                              (["loader", "--data", ""], "--data must be given"),
                              (["loader", "--batch-size", "0"], "--batch-size must be a positive number, got 0"),

@@ -6,9 +6,9 @@ import json
 import random
 import re
 import string
-import subprocess
 import sys
 import unicodedata
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -17,6 +17,7 @@ import pytest
 import evaluate
 from evaluate import entities, mlqa_normalize, ner_scores, pos_scores, qa_scores, squad_normalize
 from checkpoints import DataError, from_checkpoint
+from configs import run_script
 
 REPO = Path(__file__).parent
 DATA = REPO.parent / "shared" / "data"
@@ -434,8 +435,21 @@ def test_score_reports_each_language_of_xnli_1_0s_own_files(capsys, tmp_path):
     assert all(value == 100.0 for lang, value in result["languages"].items() if lang != "de")
 
 
-@pytest.mark.subprocess
-def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
+def as_script(capsys, monkeypatch, argv):
+    """`python evaluate.py argv` as its `if __name__ == "__main__"` runs it (run_script around main), in this
+    process: the exit code (0 where main returns), stdout and stderr."""
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # (run_script sets it for the process)
+    capsys.readouterr()
+    code = 0
+    try:
+        run_script(lambda: evaluate.main(argv))
+    except SystemExit as exit:
+        code = exit.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatch):
     gold = write(tmp_path / "gold.tsv", "a\tb\t1\n")
     for command, message in (
             (["score", "--task", "pawsx", "--gold", str(gold), "--predictions", str(tmp_path / "missing.txt")],
@@ -449,8 +463,8 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path):
              "--source must be an existing file (XQuAD: docs/data.md says where to get it)"),
             (["--task", "xquad", "--gold", str(gold), "--predictions", str(gold)],  # no command: not "invalid choice"
              "the first word must be the command, one of score, mlm-accuracy, translation-probe")):
-        out = subprocess.run([sys.executable, "evaluate.py", *command], cwd=REPO, capture_output=True, text=True)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+        code, _, err = as_script(capsys, monkeypatch, command)
+        assert code == 2 and err.count("\n") == 1 and message in err, err
 
 
 def test_score_names_a_missing_or_irregular_file_by_its_flag(tmp_path):
@@ -686,8 +700,7 @@ def test_load_masked_lm_checkpoint(tmp_path):
         from_checkpoint(tmp_path / "ckpt.pt")
 
 
-@pytest.mark.subprocess
-def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path):
+def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path, capsys, monkeypatch):
     import torch
     import data
     from model import MaskedLM
@@ -695,18 +708,18 @@ def test_the_analyses_use_the_checkpoints_tokenizer_and_refuse_another(tmp_path)
                    for n, name in ((500, "ours"), (400, "other")))
     model = MaskedLM(tiny_config(vocab_size=500))
     checkpoint = write_checkpoint(tmp_path / "ckpt", model, {"path": ours.model_file, "sha256": ours.sha256})
-    command = [sys.executable, "evaluate.py", "mlm-accuracy", "--checkpoint", checkpoint,
+    command = ["mlm-accuracy", "--checkpoint", checkpoint,
                "--data", str(REPO / "sample_data" / "en.txt"), "--batches", "1", "--batch-size", "2", "--seq-len", "32"]
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 0 and json.loads(out.stdout)["predictions"] > 0, out.stderr
-    out = subprocess.run(command + ["--tokenizer", other.model_file], cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
-    assert f"{other.model_file} is not the tokenizer {checkpoint} was trained with" in out.stderr
+    code, out, err = as_script(capsys, monkeypatch, command)
+    assert code == 0 and json.loads(out)["predictions"] > 0, err
+    code, out, err = as_script(capsys, monkeypatch, command + ["--tokenizer", other.model_file])
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"{other.model_file} is not the tokenizer {checkpoint} was trained with" in err
     # Another program's file (finetune.py's training state) is named as such, not sent for a tokenizer.
     torch.save({"model": model.state_dict(), "optimizer": {}, "step": 1, "rng": []}, tmp_path / "state.pt")
     command[command.index(checkpoint)] = str(tmp_path / "state.pt")
-    out = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 2 and "state.pt: no checkpoint.json" in out.stderr, out.stderr
+    code, out, err = as_script(capsys, monkeypatch, command)
+    assert code == 2 and "state.pt: no checkpoint.json" in err, err
 
 
 def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(tmp_path, capsys):

@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from safetensors.torch import load_file
 import data
 import evaluate
 import finetune
-from configs import parse_command_line
+from configs import parse_command_line, run_script
 from evaluate import CLASSIFICATION_LABELS, MLQA_LANGUAGES, TAGGING_LABELS
 from checkpoints import DataError
 
@@ -539,15 +540,25 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
 
 
 @pytest.mark.subprocess
-def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
+def as_script(capsys, monkeypatch, argv):
+    """`python finetune.py argv` as its `if __name__ == "__main__"` runs it (run_script around main), in this
+    process: the exit code and what it wrote to stderr."""
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # (run_script sets it for the process)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        run_script(lambda: finetune.main(argv))
+    return exit.value.code, capsys.readouterr().err
+
+
+def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path, capsys, monkeypatch):
     root, spm = files
     run("--task", "xnli", "--config", "tiny", "--tokenizer", spm, "--train", root / "pairs-en.tsv",
         "--eval", f"en={root / 'dev-pairs-en.tsv'}", "--out-dir", tmp_path / "run", *SMALL_ARGS)
     (tmp_path / "in.tsv").write_text("a\tb\tentailment\nc\n")
-    out = subprocess.run([sys.executable, "finetune.py", "predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"),
-                          "--task", "xnli", "--input", str(tmp_path / "in.tsv"), "--output", str(tmp_path / "out.txt")],
-                         cwd=REPO, capture_output=True, text=True)
-    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "in.tsv:2: 1 tab-separated fields" in out.stderr
+    code, err = as_script(capsys, monkeypatch, ["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"),
+                                                "--task", "xnli", "--input", str(tmp_path / "in.tsv"), "--output",
+                                                str(tmp_path / "out.txt")])
+    assert code == 2 and err.count("\n") == 1 and "in.tsv:2: 1 tab-separated fields" in err
     with pytest.raises(DataError, match="fine-tuned for xnli; it cannot predict pawsx's labels"):
         finetune.main(["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"), "--task", "pawsx",
                        "--input", str(root / "pairs-en.tsv"), "--output", str(tmp_path / "out.txt")])
@@ -563,10 +574,9 @@ def test_predict_on_a_bad_input_is_one_line_and_exit_code_2(files, tmp_path):
                            (["--output", str(tmp_path / "results.json")], "results.json exists"),
                            (["--output", str(tmp_path / "none" / "out.txt")], "out.txt: no such directory"),
                            (["--output", str(tmp_path / "out.txt"), "--batch-size", "0"], "--batch-size must be")):
-        out = subprocess.run([sys.executable, "finetune.py", "predict", "--model", str(tmp_path / "run" / "lr-0.001" /
-                              "seed-0"), "--task", "xnli", "--input", str(tmp_path / "in.tsv"), *flags],
-                             cwd=REPO, capture_output=True, text=True)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+        code, err = as_script(capsys, monkeypatch, ["predict", "--model", str(tmp_path / "run" / "lr-0.001" / "seed-0"),
+                                                    "--task", "xnli", "--input", str(tmp_path / "in.tsv"), *flags])
+        assert code == 2 and err.count("\n") == 1 and message in err, err
     assert (tmp_path / "in.tsv").read_text() == "a\tb\tentailment\nc\n"  # the input is never overwritten
     assert (tmp_path / "results.json").read_text() == "{}"
 
@@ -898,6 +908,7 @@ finetune.main(sys.argv[1:])
 """
 
 
+@pytest.mark.subprocess
 def test_fine_tuning_killed_on_two_processes_resumes_on_two_bitwise_and_on_one(files, tmp_path, capsys):
     root, spm = files
     driver = tmp_path / "driver.py"

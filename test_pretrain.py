@@ -159,9 +159,11 @@ def test_ctrl_c_is_one_line():
     assert out.returncode == 130 and out.stderr == "-c: interrupted\n", out.stderr
 
 
-@pytest.mark.subprocess
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here")
-def test_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
+def test_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
+    """Each refused as `python script.py ...` refuses it (run_script around main), in this process."""
+    from configs import run_script as as_script
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # (run_script sets it for the process)
     xla = "--device xla needs torch-xla (auto is xla where PJRT_DEVICE is set): pip install torch==2.9.0"
     for script, device, env, message in (("pretrain.py", "cuda", {}, "--device cuda, but torch sees no CUDA GPU"),
                                          ("pretrain.py", "xla", {}, xla), ("finetune.py", "xla", {}, xla),
@@ -169,10 +171,13 @@ def test_a_device_that_is_not_there_is_one_line_and_exit_2(tmp_path):
                                          ("pretrain.py", "auto", {"PJRT_DEVICE": "TPU"}, xla),
                                          ("finetune.py", "auto", {"PJRT_DEVICE": "TPU"}, xla)):
         flags = ["--task", "xnli", "--config", "tiny", "--tokenizer", "t.model", "--train", "x", "--eval", "y"]
-        out = subprocess.run([sys.executable, script, "--device", device, "--out-dir", str(tmp_path / "out"),
-                              *flags * (script == "finetune.py")], cwd=REPO, capture_output=True, text=True,
-                             env={**os.environ, **env})
-        assert out.returncode == 2 and message in out.stderr and out.stderr.count("\n") == 1, out.stderr
+        argv = ["--device", device, "--out-dir", str(tmp_path / "out"), *flags * (script == "finetune.py")]
+        with monkeypatch.context() as environ, pytest.raises(SystemExit) as exit:
+            for name, value in env.items():
+                environ.setenv(name, value)
+            as_script(lambda: importlib.import_module(script.removesuffix(".py")).main(argv))
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and message in err and err.count("\n") == 1, err
         assert not (tmp_path / "out").exists()  # refused before the run claimed its --out-dir
 
 
