@@ -28,7 +28,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from checkpoints import CHECKPOINT_INFO, DataError, open_input, read_checkpoint_info, sha256
+from checkpoints import CHECKPOINT_INFO, DataError, differences, open_input, read_checkpoint_info, sha256
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -347,8 +347,7 @@ class MLMLoader:
         and accumulation continues it exactly (every stream goes on where it was)."""
         states = [states] if isinstance(states, dict) else states
         saved = states[0].get("fingerprint", {})
-        differ = [f"{key} {saved.get(key)!r} then, {value!r} now" for key, value in self._fingerprint.items()
-                  if key != "files" and saved.get(key) != value]
+        differ = differences(saved, {key: value for key, value in self._fingerprint.items() if key != "files"})
         files = [(a, b) for a, b in itertools.zip_longest(saved.get("files", []), self._fingerprint["files"]) if a != b]
         if files:  # the first that differs
             differ.append(f"the corpus files (language, name, size, lines, SHA-256) {files[0][0]} then, "

@@ -314,10 +314,6 @@ def encoder_and_tokenizer(cfg, log):
     return base, tokenizer, cfg
 
 
-def settings_of(cfg):  # what features and decoding read
-    return {k: getattr(cfg, k) for k in SETTINGS}
-
-
 def build_model(task, encoder, dropout):
     if task.kind == "classification":
         return SequenceClassifier(encoder, len(task.labels), dropout)
@@ -455,9 +451,8 @@ def schedule(n, cfg, runtime):
 
 
 def train(model, tensors, cfg, lr, seed, runtime, folder, tokenizer, log):
-    """Fine-tune `model` in place, from its run's newest state in `folder` if there is one. Its data is a function of
-    the step: on as many processes it ends with the uninterrupted run's weights, bit for bit; on another number it
-    goes on from the saved step with the saved weights and AdamW's state, dropout drawn anew."""
+    """Fine-tune `model` in place, from its run's newest state in `folder` if there is one (its data is a function
+    of the step; docs/scaling.md says what a resumed run gives on as many processes and on another number)."""
     n, per_step = tensors["input_ids"].shape[0], cfg.batch_size
     per_process, steps_per_epoch, total, warmup = schedule(n, cfg, runtime)
     ddp_model = runtime.wrap_model(model)
@@ -578,10 +573,9 @@ def with_defaults(cfg, encoder_config, log):
 
 
 def run_settings(cfg, runtime):
-    """What makes the runs of an --out-dir runs of this command: its training settings, the files read (however
-    spelled: relative, absolute, via a link) and what they hold (a file changed at the same path would make a
-    resumed run another run). Of an --init directory, the files read from it (a checkpoint's CHECKPOINT_INFO holds
-    the digests of the rest)."""
+    """What makes an --out-dir's runs runs of this command: its training settings and the files read, by real path
+    and SHA-256 (a file changed in place makes another run; of an --init folder, those read from it: its
+    CHECKPOINT_INFO holds the rest's digests)."""
     ours = {k: v for k, v in asdict(cfg).items() if k not in NOT_TRAINING}
     for key in ("init", "tokenizer", "train"):
         ours[key] = ours[key] and os.path.realpath(ours[key])
@@ -638,7 +632,7 @@ def read_sets(cfg, task, tokenizer, log):
         raise DataError(f"{cfg.train}: holds several languages; zero-shot transfer trains on one (English)")
     train_examples, held_out = split_train(task, examples, cfg.train_fraction)
     train_examples = train_examples[:cfg.max_train or None]
-    english, _ = features(task, tokenizer, train_examples, settings_of(cfg), training=True)
+    english, _ = features(task, tokenizer, train_examples, asdict(cfg), training=True)
     evals = eval_sets(cfg, task, held_out)
     log(f"{cfg.train}: {len(train_examples)} training examples; evaluating "
         + ", ".join(f"{lang} ({len(examples)})" for lang, examples in evals.items()))
@@ -648,27 +642,27 @@ def read_sets(cfg, task, tokenizer, log):
 def fine_tune_and_evaluate(cfg, task, base, tokenizer, english, evals, lr, seed, folder, runtime, log):
     """One run of the sweep: its scores per language and their average (a finished run's, recorded before)."""
     part = folder.part(lr, seed)
+    where = os.path.join(folder.path, part)
     if (scores := folder.finished(part)) is not None:  # (only with --resume: the folder saw to that)
         if not (isinstance(scores, dict) and scores.keys() == {*evals, "average"}
                 and all(isinstance(row, dict) and row.keys() == set(task.metrics) for row in scores.values())):
-            raise DataError(f"{os.path.join(folder.path, part)}/scores.json: not the scores of these languages and "
-                            f"metrics (damaged?)")
-        log(f"{os.path.join(folder.path, part)} was finished before; its scores are reused")
+            raise DataError(f"{where}/scores.json: not the scores of these languages and metrics (damaged?)")
+        log(f"{where} was finished before; its scores are reused")
         return scores
     torch.manual_seed(seed)  # the head's initialisation (the encoder's with --config) and dropout
     model = build_model(task, Encoder(base.config) if cfg.config else copy.deepcopy(base), cfg.dropout)
     train(model, english, cfg, lr, seed, runtime, folder, tokenizer, log)
     scores = {}
     for lang, examples in evals.items():
-        predicted = predict_examples(model, tokenizer, task, examples, settings_of(cfg), cfg.eval_batch_size, runtime)
+        predicted = predict_examples(model, tokenizer, task, examples, asdict(cfg), cfg.eval_batch_size, runtime)
         result = evaluate.task_scores(cfg.task, examples, predicted, lang)
         scores[lang] = {m: result[m] for m in task.metrics}
     scores["average"] = average(list(scores.values()))
     evaluate.print_table(f"{cfg.task}, lr {lr!r}, seed {seed}", scores, log)
     if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
-        save_finetuned(model.cpu(), cfg, tokenizer.model_file, os.path.join(folder.path, part))
+        save_finetuned(model.cpu(), cfg, tokenizer.model_file, where)
     folder.record(part, scores)
-    log(f"saved the fine-tuned model to {os.path.join(folder.path, part)}")
+    log(f"saved the fine-tuned model to {where}")
     return scores
 
 
