@@ -119,8 +119,9 @@ class FinetuneConfig:
                 raise ValueError(f"--{name} repeats a value ({' '.join(map(str, values))})")
 
 
-# What features and decoding read, saved with each model for `predict`.
+# What features and decoding read, saved with each model for `predict`, and the files its digests cover.
 SETTINGS = ("seq_len", "doc_stride", "max_query_length", "max_answer_length", "n_best")
+SAVED = ("model.safetensors", "sentencepiece.model", "config.json", "finetune.json")
 # What a fine-tuned model does not depend on: an out-dir may be resumed when everything else is the same.
 NOT_TRAINING = {"out_dir", "device", "eval_batch_size", "log_every", "checkpoint_every", "resume", "lr", "seeds"}
 
@@ -329,8 +330,7 @@ def save_finetuned(model, cfg, tokenizer_file, path):
     save_hf(model, path)
     shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
-    info["sha256"] = {n: sha256(os.path.join(path, n)) for n in ("model.safetensors", "sentencepiece.model",
-                                                                  "config.json")}
+    info["sha256"] = {n: sha256(os.path.join(path, n)) for n in SAVED[:-1]}
     info["sha256"]["finetune.json"] = settings_digest(info)  # its own settings
     write_json(os.path.join(path, "finetune.json"), info)
 
@@ -350,6 +350,8 @@ def load_finetuned(path):
         task, digests = TASKS[info["task"]], dict(info["sha256"])
         if not all(type(info[k]) is int and info[k] > 0 for k in SETTINGS):
             raise ValueError(f"{', '.join(SETTINGS)} must be positive integers")
+        if sorted(digests) != sorted(SAVED):  # (a file left out of the list would go unchecked)
+            raise ValueError(f"its sha256 are not the digests of {', '.join(SAVED)}")
     except (OSError, ValueError, KeyError, TypeError) as e:  # (a DataError of read_json's is a ValueError)
         said = e if isinstance(e, DataError) else repr(e)  # (a DataError names the file: said once)
         raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {said})") from None

@@ -533,13 +533,18 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
         (saved / "finetune.json").write_text(json.dumps({**info, **edit}))
         with pytest.raises(DataError, match=message):
             finetune.load_finetuned(saved)
+    for names in (["finetune.json", "config.json", "sentencepiece.model"], [*info["sha256"], "../elsewhere"]):
+        # A file left out of the digest list would go unchecked; a name outside the folder is never opened.
+        digests = {name: info["sha256"].get(name, "0" * 64) for name in names}
+        (saved / "finetune.json").write_text(json.dumps({**info, "sha256": digests}))
+        with pytest.raises(DataError, match=r"finetune.json: .*not the digests of model.safetensors, "):
+            finetune.load_finetuned(saved)
     (saved / "scores.json").unlink()  # an interrupted run: --resume reads its settings
     (tmp_path / "finetune-config.json").write_text("[1, 2]")
     with pytest.raises(DataError, match=r"finetune-config.json: damaged \(not a JSON object\)"):
         run(*args, "--resume")
 
 
-@pytest.mark.subprocess
 def as_script(capsys, monkeypatch, argv):
     """`python finetune.py argv` as its `if __name__ == "__main__"` runs it (run_script around main), in this
     process: the exit code and what it wrote to stderr."""
