@@ -507,7 +507,8 @@ def test_fsdp_on_two_processes_is_one_process_and_resumes_on_any_number(tokenize
     """--fsdp (FSDP2 on gloo) computes the one-process run at the same global batch (4 x 2 x 1 = 2 x 2 x 2); its
     checkpoint, sharded in two, resumes on two processes bitwise and on one, sharded or not (and a one-process
     checkpoint on two), within float32's rounding."""
-    common = ["--steps", "6", "--checkpoint-every", "3", "--keep", "2", "--grad-accum", "2", "--warmup", "2"]
+    common = ["--steps", "6", "--checkpoint-every", "3", "--keep", "2", "--grad-accum", "2", "--warmup", "2",
+              "--num-layers", "1"]
     if tied:
         common += ["--tie-embeddings", "--input-embedding-size", "64", "--output-embedding-size", "64"]
     single = lambda *a: run_script(tokenizer, *a, env={**os.environ, "OMP_NUM_THREADS": "1"})  # noqa: E731
