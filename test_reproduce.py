@@ -3,8 +3,6 @@ on its quick preset, a rerun that reuses what is done, and its bad inputs."""
 
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -13,6 +11,7 @@ import torch
 
 import data
 import reproduce
+from configs import run_script
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
@@ -136,8 +135,7 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, cap
     assert "[1/" not in capsys.readouterr().out  # every run was done: nothing runs again
 
 
-@pytest.mark.subprocess
-def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path):
+def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path, capsys):
     (tmp_path / "other").mkdir()  # results of another preset
     (tmp_path / "other" / "results.json").write_text(json.dumps({"setup": {"preset": {}}, "results": {}}))
     panx, xquad = tmp_path / "panx", tmp_path / "xquad"  # the files' names: checked at the start
@@ -160,6 +158,7 @@ def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path):
         defaults = {"--out-dir": str(tmp_path / "new"), "--data": str(corpus), "--panx": str(panx),
                     "--xquad": str(xquad)}
         argv = [a for k, v in {**defaults, **given}.items() for a in (k, v)]
-        out = subprocess.run([sys.executable, "reproduce.py", "--quick", *argv], cwd=REPO, capture_output=True,
-                             text=True)
-        assert out.returncode == 2 and out.stderr.count("\n") == 1 and message in out.stderr, out.stderr
+        with pytest.raises(SystemExit) as exit:  # as `python reproduce.py --quick ...` ends, in this process
+            run_script(lambda: reproduce.main(["--quick", *argv]))
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and err.count("\n") == 1 and message in err, err
