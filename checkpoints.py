@@ -1,11 +1,9 @@
-"""The files of RemBERT models: a run's --out-dir (`RunFolder`: pretrain.py's and finetune.py's training states,
-saved, checked, resumed and set aside; one lock, one format), pretrain.py's checkpoints read as models, and
-transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`). model.py holds the method;
-this file holds what is written to disk and read back (our JSON and safetensors files through one writer, `write_file`).
+"""The files of RemBERT models: a run's --out-dir (`RunFolder`, pretrain.py's and finetune.py's), pretrain.py's
+checkpoints read as models, and transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`).
+model.py holds the method; this file what is written to disk, through one writer (`write_file`), and read back.
 
-A training state is data, never code: a ckpt-STEP/ folder (8 digits, as `RunFolder.save` writes it) is read only
-after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler that admits
-the checkpoint library's own classes alone.
+A training state is data, never code: it is read only after `read_checkpoint_info` has checked every file, and its
+pickled metadata by an unpickler that admits the checkpoint library's own classes alone.
 """
 
 import enum
@@ -234,15 +232,27 @@ class CheckpointReader(dcp.FileSystemReader):
         return metadata
 
 
+def shards(state, path, runtime=None, save=False):
+    """Read `state` in place from a checkpoint folder's torch.distributed.checkpoint shards, or (save) write them, on
+    `runtime`'s processes (None: this one alone). Sharded, each process reads and writes its own; replicated, each
+    reads all, and the main process (the only one to call) writes all."""
+    collective = runtime is not None and runtime.fsdp and torch.distributed.is_initialized()
+    planner = None if runtime is None else runtime.planner(not save)
+    with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        if save:
+            dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
+        else:
+            dcp.load(state, storage_reader=CheckpointReader(path), planner=planner, no_dist=not collective)
+
+
 def from_checkpoint(path):
     """The MaskedLM of a pretrain.py checkpoint directory (torch.distributed.checkpoint's shards, read by one process
     however many wrote them), every file checked first."""
     info = read_checkpoint_info(path)
     try:
         model = MaskedLM(ModelConfig(**info["config"]))
-        with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            dcp.load({"model": model.state_dict()}, storage_reader=CheckpointReader(path), no_dist=True)
+        shards({"model": model.state_dict()}, path)
     except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
         raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
     return model
@@ -356,8 +366,16 @@ class RunFolder:
                 damaged.append(os.path.basename(path))
         else:
             raise DataError(f"{folder}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
-        for passed in (p for p in checkpoint_paths(folder) if p > path):
-            set_aside(passed, self.log)
+        for passed in (p for p in checkpoint_paths(folder) if p > path):  # out of --keep's and --resume's way
+            target, n = passed + ".damaged", 1  # kept under the first free name of .damaged, .damaged-2, ...
+            while os.path.lexists(target):
+                n += 1
+                target = f"{passed}.damaged-{n}"
+            try:
+                os.replace(passed, target)
+            except OSError as e:
+                raise OSError(f"{passed}: cannot set it aside as {target} ({e.strerror}); move it yourself") from None
+            self.log(f"moved {passed}, passed over above, to {target}")
         return path, info
 
     def restore(self, model, optimizer, same, steps, seed, loader=None, part=""):
@@ -381,7 +399,7 @@ class RunFolder:
             if loader is not None:
                 loader.load_state_dict(extra["loader"])  # (before the weights: a refusal costs nothing)
             state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
-            self._distributed_checkpoint(state, path, load=True)
+            shards(state, path, self.runtime)
             set_state_dict(model, optimizer, model_state_dict=state["model"],
                            optim_state_dict={**optimizer_state, "state": state["optimizer"]["state"]})
             if len(extra["rng"]) == self.runtime.world_size:
@@ -397,9 +415,8 @@ class RunFolder:
         return info["step"]
 
     def save(self, step, model, optimizer, config, train_config, tokenizer, loader=None, keep=1, part=""):
-        """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format, every process's data
-        position and random state, and last, checkpoint.json (both configs, the step, the tokenizer, every file's
-        SHA-256; docs/scaling.md). Then the oldest beyond `keep` go."""
+        """ckpt-STEP/, as the class describes it (checkpoint.json also holds both configs, the step and the tokenizer;
+        docs/scaling.md). Then the oldest beyond `keep` go."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
         runtime, folder = self.runtime, os.path.join(self.path, part)
         path = os.path.join(folder, f"ckpt-{step:08d}")
@@ -410,11 +427,11 @@ class RunFolder:
         train_state = {"rng": runtime.gather_object(runtime.rng_state())}
         if loader is not None:
             train_state["loader"] = runtime.gather_object(loader.state_dict())
+        state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}  # (AdamW: its state alone)
 
-        def write_shards():  # (AdamW's settings are this run's: its state alone is saved, all of it tensors)
+        def write_shards():
             try:
-                self._distributed_checkpoint({"model": model_state, "optimizer": {"state": optimizer_state["state"]}},
-                                             path)
+                shards(state, path, runtime, save=True)
             except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
                 raise save_error(path, e) from None
         write_shards() if runtime.fsdp else runtime.on_main(write_shards)  # (sharded, DCP tells every process)
@@ -436,18 +453,6 @@ class RunFolder:
                     self.log(f"warning: {old}: not removed ({e.strerror}); it is kept beyond the count")
         runtime.on_main(complete)
         return path
-
-    def _distributed_checkpoint(self, state, path, load=False):
-        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory. Sharded,
-        each process writes and reads its own shards; replicated, the main process writes all, and each reads all."""
-        collective = self.runtime.fsdp and torch.distributed.is_initialized()
-        with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            if load:
-                dcp.load(state, storage_reader=CheckpointReader(path), planner=self.runtime.planner(load),
-                         no_dist=not collective)
-            elif self.runtime.fsdp or self.runtime.is_main:
-                dcp.save(state, checkpoint_id=path, planner=self.runtime.planner(load), no_dist=not collective)
 
     def last_good(self, part=""):
         good = checkpoint_paths(os.path.join(self.path, part))
@@ -483,20 +488,6 @@ def claim(out_dir):
 def checkpoint_paths(out_dir):
     """Complete checkpoints, oldest first: ckpt-STEP directories with their checkpoint.json."""
     return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, "ckpt-" + "[0-9]" * 8, CHECKPOINT_INFO)))
-
-
-def set_aside(path, log):
-    """Move a checkpoint that resuming passed over out of the way (of --keep's count, of the next --resume), kept
-    under the first free name of path.damaged, path.damaged-2, ..."""
-    target, n = path + ".damaged", 1
-    while os.path.lexists(target):
-        n += 1
-        target = f"{path}.damaged-{n}"
-    try:
-        os.replace(path, target)
-    except OSError as e:
-        raise OSError(f"{path}: cannot set it aside as {target} ({e.strerror}); move it yourself") from None
-    log(f"moved {path}, passed over above, to {target}")
 
 
 def remove(path):
