@@ -264,12 +264,10 @@ TRAIN_STATE = "train_state.safetensors"  # in a state: every process's loader an
 
 
 class RunFolder:
-    """A run's --out-dir: locked by the main process while the run writes there; a training state is a ckpt-STEP
-    folder (torch.distributed.checkpoint's shards of the weights and AdamW's state by parameter name: any number of
-    processes reshards them; every process's loader and random state; checkpoint.json last, with every file's
-    SHA-256), pretrain.py's in the folder, finetune.py's in a part of it per rate and seed (lr-R/seed-N); what an
-    interrupted save left is removed; resuming restores the newest intact state of a run with the same settings and
-    sets aside those it passed over; a finished part of a run is recorded in a JSON file, written whole.
+    """A run's --out-dir (docs/scaling.md, "Checkpoints"), locked while the run writes there. A training state is a
+    ckpt-STEP folder (DCP's shards of the weights and AdamW's state by parameter name, which any number of processes
+    reshards; every process's loader and random state; checkpoint.json last, with every file's SHA-256): pretrain.py's
+    in the folder, finetune.py's in a part of it per rate and seed (lr-R/seed-N), beside the part's record when done.
     Only the run's own files are touched: ckpt- and 8 digits (not an export named ckpt-00000010-hf, say)."""
 
     def __init__(self, path, runtime, log, resume, train_config, holds, settings=None):
@@ -332,16 +330,16 @@ class RunFolder:
     def part(self, lr, seed):  # fine-tuning's folder of one run (the exact rate: 1e-3 is lr-0.001)
         return os.path.join(f"lr-{lr!r}", f"seed-{seed}")
 
-    def finished(self, part, name="scores.json"):
+    def finished(self, part):
         """What a finished part of the run recorded, or None."""
         from evaluate import read_json
-        path = os.path.join(self.path, part, name)
+        path = os.path.join(self.path, part, "scores.json")
         return read_json(path) if os.path.exists(path) else None
 
-    def record(self, part, obj, name="scores.json"):
+    def record(self, part, obj):
         """Record a part of the run as finished (the main process), its states then no longer needed."""
         if self.runtime.is_main:
-            write_json(os.path.join(self.path, part, name), obj)
+            write_json(os.path.join(self.path, part, "scores.json"), obj)
             for state in checkpoint_paths(os.path.join(self.path, part)):
                 remove(state)
 
@@ -454,8 +452,8 @@ class RunFolder:
         runtime.on_main(complete)
         return path
 
-    def last_good(self, part=""):
-        good = checkpoint_paths(os.path.join(self.path, part))
+    def last_good(self):
+        good = checkpoint_paths(self.path)
         return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
 
 
