@@ -299,21 +299,21 @@ class RunFolder:
         held = any(checkpoint_paths(p) for p in parts) or settings is not None and any(
             glob.glob(os.path.join(self.path, name)) for name in (os.path.join(self.PARTS, "*.json"), "results.json"))
         record = os.path.join(self.path, self.SETTINGS)
-        theirs = read_json(record) if held and settings is not None and os.path.exists(record) else None
-        if theirs is not None and not isinstance(theirs, dict):
-            raise DataError(f"{record}: damaged (not a JSON object); choose another --out-dir")
-        if theirs and theirs.get("task") != settings["task"]:  # (--resume would not make them this task's)
-            raise DataError(f"{self.path} holds fine-tuning runs of {theirs.get('task')}, not {settings['task']}; "
-                            f"choose another --out-dir")
-        if held and not self.resume:
-            raise DataError(f"{self.path} already holds {self.holds}; pass --resume to continue, "
-                            f"or choose another --out-dir")
         if not held:
             if self.resume:
                 self.log(f"--resume: no {self.holds.removesuffix('s')} in {self.path} yet; starting at step 0")
             if settings is not None:
                 write_json(record, settings)
             return
+        theirs = read_json(record) if settings is not None and os.path.exists(record) else None
+        if theirs is not None and not isinstance(theirs, dict):
+            raise DataError(f"{record}: damaged (not a JSON object); choose another --out-dir")
+        if theirs and theirs.get("task") != settings["task"]:  # (--resume would not make them this task's)
+            raise DataError(f"{self.path} holds fine-tuning runs of {theirs.get('task')}, not {settings['task']}; "
+                            f"choose another --out-dir")
+        if not self.resume:
+            raise DataError(f"{self.path} already holds {self.holds}; pass --resume to continue, "
+                            f"or choose another --out-dir")
         if settings is None:
             return
         if theirs is None:
