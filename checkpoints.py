@@ -1,6 +1,6 @@
 """The files of RemBERT models: a run's --out-dir (`RunFolder`, pretrain.py's and finetune.py's), pretrain.py's
 checkpoints read as models, and transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`).
-model.py holds the method; this file what is written to disk, through one writer (`write_file`), and read back.
+model.py holds the method; this file, what is written to disk (through one writer, `write_file`) and read back.
 
 A training state is data, never code: it is read only after `read_checkpoint_info` has checked every file, and its
 pickled metadata by an unpickler that admits the checkpoint library's own classes alone.
