@@ -1,11 +1,9 @@
-"""The files of RemBERT models: a run's --out-dir (`RunFolder`: pretrain.py's and finetune.py's training states,
-saved, checked, resumed and set aside; one lock, one format), pretrain.py's checkpoints read as models, and
-transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`). model.py holds the method;
-this file holds what is written to disk and read back (our JSON and safetensors files through one writer, `write_file`).
+"""The files of RemBERT models: a run's --out-dir (`RunFolder`, pretrain.py's and finetune.py's), pretrain.py's
+checkpoints read as models, and transformers' RemBERT layout both ways (the released checkpoint reads with `from_hf`).
+model.py holds the method; this file, what is written to disk (through one writer, `write_file`) and read back.
 
-A training state is data, never code: a ckpt-STEP/ folder (8 digits, as `RunFolder.save` writes it) is read only
-after `read_checkpoint_info` has checked every file, and its pickled metadata is read by an unpickler that admits
-the checkpoint library's own classes alone.
+A training state is data, never code: it is read only after `read_checkpoint_info` has checked every file, and its
+pickled metadata by an unpickler that admits the checkpoint library's own classes alone.
 """
 
 import enum
@@ -234,15 +232,27 @@ class CheckpointReader(dcp.FileSystemReader):
         return metadata
 
 
+def shards(state, path, runtime=None, save=False):
+    """Read `state` in place from a checkpoint folder's torch.distributed.checkpoint shards, or (save) write them, on
+    `runtime`'s processes (None: this one alone). Sharded, each process reads and writes its own; replicated, each
+    reads all, and the main process (the only one to call) writes all."""
+    collective = runtime is not None and runtime.fsdp and torch.distributed.is_initialized()
+    planner = None if runtime is None else runtime.planner(not save)
+    with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
+        warnings.filterwarnings("ignore", "torch.distributed is disabled")
+        if save:
+            dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
+        else:
+            dcp.load(state, storage_reader=CheckpointReader(path), planner=planner, no_dist=not collective)
+
+
 def from_checkpoint(path):
     """The MaskedLM of a pretrain.py checkpoint directory (torch.distributed.checkpoint's shards, read by one process
     however many wrote them), every file checked first."""
     info = read_checkpoint_info(path)
     try:
         model = MaskedLM(ModelConfig(**info["config"]))
-        with warnings.catch_warnings():  # (that this one process reads alone, which DCP warns of)
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            dcp.load({"model": model.state_dict()}, storage_reader=CheckpointReader(path), no_dist=True)
+        shards({"model": model.state_dict()}, path)
     except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
         raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
     return model
@@ -254,12 +264,10 @@ TRAIN_STATE = "train_state.safetensors"  # in a state: every process's loader an
 
 
 class RunFolder:
-    """A run's --out-dir: locked by the main process while the run writes there; a training state is a ckpt-STEP
-    folder (torch.distributed.checkpoint's shards of the weights and AdamW's state by parameter name: any number of
-    processes reshards them; every process's loader and random state; checkpoint.json last, with every file's
-    SHA-256), pretrain.py's in the folder, finetune.py's in a part of it per rate and seed (lr-R/seed-N); what an
-    interrupted save left is removed; resuming restores the newest intact state of a run with the same settings and
-    sets aside those it passed over; a finished part of a run is recorded in a JSON file, written whole.
+    """A run's --out-dir (docs/scaling.md, "Checkpoints"), locked while the run writes there. A training state is a
+    ckpt-STEP folder (DCP's shards of the weights and AdamW's state by parameter name, which any number of processes
+    reshards; every process's loader and random state; checkpoint.json last, with every file's SHA-256): pretrain.py's
+    in the folder, finetune.py's in a part of it per rate and seed (lr-R/seed-N), beside the part's record when done.
     Only the run's own files are touched: ckpt- and 8 digits (not an export named ckpt-00000010-hf, say)."""
 
     def __init__(self, path, runtime, log, resume, train_config, holds, settings=None):
@@ -291,21 +299,21 @@ class RunFolder:
         held = any(checkpoint_paths(p) for p in parts) or settings is not None and any(
             glob.glob(os.path.join(self.path, name)) for name in (os.path.join(self.PARTS, "*.json"), "results.json"))
         record = os.path.join(self.path, self.SETTINGS)
-        theirs = read_json(record) if held and settings is not None and os.path.exists(record) else None
-        if theirs is not None and not isinstance(theirs, dict):
-            raise DataError(f"{record}: damaged (not a JSON object); choose another --out-dir")
-        if theirs and theirs.get("task") != settings["task"]:  # (--resume would not make them this task's)
-            raise DataError(f"{self.path} holds fine-tuning runs of {theirs.get('task')}, not {settings['task']}; "
-                            f"choose another --out-dir")
-        if held and not self.resume:
-            raise DataError(f"{self.path} already holds {self.holds}; pass --resume to continue, "
-                            f"or choose another --out-dir")
         if not held:
             if self.resume:
                 self.log(f"--resume: no {self.holds.removesuffix('s')} in {self.path} yet; starting at step 0")
             if settings is not None:
                 write_json(record, settings)
             return
+        theirs = read_json(record) if settings is not None and os.path.exists(record) else None
+        if theirs is not None and not isinstance(theirs, dict):
+            raise DataError(f"{record}: damaged (not a JSON object); choose another --out-dir")
+        if theirs and theirs.get("task") != settings["task"]:  # (--resume would not make them this task's)
+            raise DataError(f"{self.path} holds fine-tuning runs of {theirs.get('task')}, not {settings['task']}; "
+                            f"choose another --out-dir")
+        if not self.resume:
+            raise DataError(f"{self.path} already holds {self.holds}; pass --resume to continue, "
+                            f"or choose another --out-dir")
         if settings is None:
             return
         if theirs is None:
@@ -322,16 +330,16 @@ class RunFolder:
     def part(self, lr, seed):  # fine-tuning's folder of one run (the exact rate: 1e-3 is lr-0.001)
         return os.path.join(f"lr-{lr!r}", f"seed-{seed}")
 
-    def finished(self, part, name="scores.json"):
+    def finished(self, part):
         """What a finished part of the run recorded, or None."""
         from evaluate import read_json
-        path = os.path.join(self.path, part, name)
+        path = os.path.join(self.path, part, "scores.json")
         return read_json(path) if os.path.exists(path) else None
 
-    def record(self, part, obj, name="scores.json"):
+    def record(self, part, obj):
         """Record a part of the run as finished (the main process), its states then no longer needed."""
         if self.runtime.is_main:
-            write_json(os.path.join(self.path, part, name), obj)
+            write_json(os.path.join(self.path, part, "scores.json"), obj)
             for state in checkpoint_paths(os.path.join(self.path, part)):
                 remove(state)
 
@@ -356,8 +364,16 @@ class RunFolder:
                 damaged.append(os.path.basename(path))
         else:
             raise DataError(f"{folder}: no intact checkpoint to resume from (damaged: {', '.join(damaged)})")
-        for passed in (p for p in checkpoint_paths(folder) if p > path):
-            set_aside(passed, self.log)
+        for passed in (p for p in checkpoint_paths(folder) if p > path):  # out of --keep's and --resume's way
+            target, n = passed + ".damaged", 1  # kept under the first free name of .damaged, .damaged-2, ...
+            while os.path.lexists(target):
+                n += 1
+                target = f"{passed}.damaged-{n}"
+            try:
+                os.replace(passed, target)
+            except OSError as e:
+                raise OSError(f"{passed}: cannot set it aside as {target} ({e.strerror}); move it yourself") from None
+            self.log(f"moved {passed}, passed over above, to {target}")
         return path, info
 
     def restore(self, model, optimizer, same, steps, seed, loader=None, part=""):
@@ -381,7 +397,7 @@ class RunFolder:
             if loader is not None:
                 loader.load_state_dict(extra["loader"])  # (before the weights: a refusal costs nothing)
             state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
-            self._distributed_checkpoint(state, path, load=True)
+            shards(state, path, self.runtime)
             set_state_dict(model, optimizer, model_state_dict=state["model"],
                            optim_state_dict={**optimizer_state, "state": state["optimizer"]["state"]})
             if len(extra["rng"]) == self.runtime.world_size:
@@ -397,9 +413,8 @@ class RunFolder:
         return info["step"]
 
     def save(self, step, model, optimizer, config, train_config, tokenizer, loader=None, keep=1, part=""):
-        """ckpt-STEP/: the weights and AdamW's state in torch.distributed.checkpoint's format, every process's data
-        position and random state, and last, checkpoint.json (both configs, the step, the tokenizer, every file's
-        SHA-256; docs/scaling.md). Then the oldest beyond `keep` go."""
+        """ckpt-STEP/, as the class describes it (checkpoint.json also holds both configs, the step and the tokenizer;
+        docs/scaling.md). Then the oldest beyond `keep` go."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
         runtime, folder = self.runtime, os.path.join(self.path, part)
         path = os.path.join(folder, f"ckpt-{step:08d}")
@@ -410,11 +425,11 @@ class RunFolder:
         train_state = {"rng": runtime.gather_object(runtime.rng_state())}
         if loader is not None:
             train_state["loader"] = runtime.gather_object(loader.state_dict())
+        state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}  # (AdamW: its state alone)
 
-        def write_shards():  # (AdamW's settings are this run's: its state alone is saved, all of it tensors)
+        def write_shards():
             try:
-                self._distributed_checkpoint({"model": model_state, "optimizer": {"state": optimizer_state["state"]}},
-                                             path)
+                shards(state, path, runtime, save=True)
             except (OSError, RuntimeError, dcp.CheckpointException) as e:  # (DCP's is a BaseException)
                 raise save_error(path, e) from None
         write_shards() if runtime.fsdp else runtime.on_main(write_shards)  # (sharded, DCP tells every process)
@@ -437,20 +452,8 @@ class RunFolder:
         runtime.on_main(complete)
         return path
 
-    def _distributed_checkpoint(self, state, path, load=False):
-        """Write `state` to, or (load=True) read it in place from, a torch.distributed.checkpoint directory. Sharded,
-        each process writes and reads its own shards; replicated, the main process writes all, and each reads all."""
-        collective = self.runtime.fsdp and torch.distributed.is_initialized()
-        with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
-            warnings.filterwarnings("ignore", "torch.distributed is disabled")
-            if load:
-                dcp.load(state, storage_reader=CheckpointReader(path), planner=self.runtime.planner(load),
-                         no_dist=not collective)
-            elif self.runtime.fsdp or self.runtime.is_main:
-                dcp.save(state, checkpoint_id=path, planner=self.runtime.planner(load), no_dist=not collective)
-
-    def last_good(self, part=""):
-        good = checkpoint_paths(os.path.join(self.path, part))
+    def last_good(self):
+        good = checkpoint_paths(self.path)
         return f"last good checkpoint: {good[-1]}" if good else "no checkpoint was saved"
 
 
@@ -483,20 +486,6 @@ def claim(out_dir):
 def checkpoint_paths(out_dir):
     """Complete checkpoints, oldest first: ckpt-STEP directories with their checkpoint.json."""
     return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, "ckpt-" + "[0-9]" * 8, CHECKPOINT_INFO)))
-
-
-def set_aside(path, log):
-    """Move a checkpoint that resuming passed over out of the way (of --keep's count, of the next --resume), kept
-    under the first free name of path.damaged, path.damaged-2, ..."""
-    target, n = path + ".damaged", 1
-    while os.path.lexists(target):
-        n += 1
-        target = f"{path}.damaged-{n}"
-    try:
-        os.replace(path, target)
-    except OSError as e:
-        raise OSError(f"{path}: cannot set it aside as {target} ({e.strerror}); move it yourself") from None
-    log(f"moved {path}, passed over above, to {target}")
 
 
 def remove(path):

@@ -149,9 +149,8 @@ class Runtime:
 
 @dataclass
 class SPMDRuntime(Runtime):
-    """XLA with --fsdp: one process per host, SPMD over all of the job's devices on one mesh axis, "fsdp"
-    (FSDPv2's setting). The compiler splits each batch over the devices and follows the weights' layout for the
-    gradients and AdamW's state; a step computes the global batch as one."""
+    """XLA with --fsdp (docs/scaling.md): one process per host, SPMD over all of the job's devices on one mesh axis,
+    "fsdp"; the compiler follows the weights' layout, and a step computes the global batch as one."""
     mesh: object = None
     sharding = "SPMD"
 
@@ -231,9 +230,8 @@ def setup_runtime(device="auto", fsdp=False, batch_size=None):
 
 
 def keep_freed_memory():
-    """glibc gives the memory a CPU training step frees back to the kernel and the next step faults it in again,
-    page by page (docs/performance.md: about 110 MB a step for `tiny`). Here the heap keeps up to 1 GB free at its
-    top, and blocks under 32 MB come from it; larger ones are still returned. The user's MALLOC_*/GLIBC_TUNABLES win."""
+    """glibc gives the memory a CPU step frees back to the kernel, and the next step faults it in again, page by page
+    (docs/performance.md): the heap keeps up to 1 GB free here. The user's MALLOC_*/GLIBC_TUNABLES win."""
     libc = ctypes.CDLL(None) if os.name == "posix" else None
     if hasattr(libc, "gnu_get_libc_version") and not any(k.startswith("MALLOC_") or k == "GLIBC_TUNABLES"
                                                          for k in os.environ):
