@@ -23,7 +23,7 @@ comparison set against the spread over seeds), curves.png and figure2.png. The d
 script leaves them.
 
   python reproduce.py                            # the cpu preset: under an hour on 2 CPU cores
-  python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, about 3 minutes
+  python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, about 2 minutes
   python reproduce.py --device cuda              # the gpu preset: larger models, 7.5 times the tokens
 
 A run already in --out-dir's results.json is not run again, so seeds can be added to some models later:
@@ -65,8 +65,9 @@ PANX_LANGS = ("de", "en", "es", "nl", "pl", "ru")
 MARGIN = 0.1  # nats: a run whose held-out loss is not this far below the unigram model's has collapsed
 
 PRESETS = {
-    # About 3 minutes on 2 cores. A 500-piece vocabulary: in 0.26M tokens coupled, decoupled, E_out 16 and E_out 256
-    # pass the collapse check; E_out 64 and E_out 16 + 2 layers did not (the report says why a run may not).
+    # About 2 minutes on 2 cores (1.5 measured). A 500-piece vocabulary: in 0.26M tokens coupled, decoupled,
+    # E_out 16 and E_out 256 pass the collapse check; E_out 64 and E_out 16 + 2 layers did not (the report says why
+    # a run may not).
     "quick": dict(hidden=64, layers=2, heads=2, small=16, extra_layers=2, vocab=500, seq_len=64, batch_size=16,
                   steps=250, warmup=25, lr=2e-3, eval_every=50, eval_batches=10, finetune_lr=3e-3, epochs=2,
                   finetune_batch=16, finetune_seq_len=64, max_train=1000, max_eval=100, probe_pairs=200, seeds=1,
@@ -114,7 +115,7 @@ class ReproduceConfig:
     out_dir: str = flag("out/reproduce", "results, figures and every model", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda (cuda runs the gpu preset)",
                        (lambda v: v in ("auto", "cpu", "cuda") and resolve_device(v), "auto, cpu or cuda"))
-    quick: bool = flag(False, "the tiny preset: the whole pipeline in about 3 minutes on 2 cores")
+    quick: bool = flag(False, "the tiny preset: the whole pipeline in about 2 minutes on 2 cores")
     seeds: int = flag(0, "seeds 0 to N-1 of each model (0: the preset's); a seed already run is kept", at_least(0))
     models: list[str] = flag([], "only these models, named as in results.md (\"E_out 16\", \"random init\"); "
                                  "all when not given")
