@@ -394,8 +394,11 @@ class RunFolder:
         self.runtime.lay_out(optimizer)  # AdamW's moments, just made (SPMD: as their parameters)
         try:
             extra = read_train_state(os.path.join(path, TRAIN_STATE))
-            if loader is not None:
-                loader.load_state_dict(extra["loader"])  # (before the weights: a refusal costs nothing)
+            if loader is not None:  # the loader's place first: a refusal costs nothing
+                try:
+                    loader.load_state_dict(extra["loader"])
+                except DataError as e:  # (the loader's words name no file)
+                    raise DataError(f"{os.path.join(path, TRAIN_STATE)}: {e}") from None
             state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}
             shards(state, path, self.runtime)
             set_state_dict(model, optimizer, model_state_dict=state["model"],

@@ -395,6 +395,9 @@ def test_resume_refuses_another_tokenizer_or_fewer_steps_and_says_when_nothing_i
                                         f"pass --tokenizer"):
         run(tokenizer, tmp_path / "moved-run", "--tokenizer", str(missing), "--steps", "4", "--resume")
     assert not moved.exists() and not missing.exists()
+    with pytest.raises(DataError, match=r"ckpt-00000006/train_state.safetensors: the saved data-loader state was "
+                                        r"made with other data or settings: .*the corpus files"):  # its file named
+        run(tokenizer, tmp_path / "run", "--data", str(REPO / "sample_data" / "en.txt"), "--steps", "8", "--resume")
     other = train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "other"))
     with pytest.raises(DataError, match=f"{other} is not the tokenizer .* was trained with "
                                         f"\\({os.path.abspath(tokenizer)}"):
