@@ -459,7 +459,10 @@ def count_lines(path):
 
 def line_counts(paths):
     """{path: (non-blank lines, SHA-256)}, the files read in parallel. The lines weigh the languages; the digests
-    let a resumed run check that its corpus is the one it streamed (an edit that keeps size and lines too)."""
+    let a resumed run check that its corpus is the one it streamed (an edit that keeps size and lines too). Under
+    64 MB, in this process: a worker process costs more to start (a spawned one imports torch: seconds)."""
+    if sum(map(os.path.getsize, paths)) < 1 << 26:
+        return {path: count_lines(path) for path in paths}
     with ProcessPoolExecutor(max(1, min(len(paths), os.cpu_count() or 1))) as pool:
         return dict(zip(paths, pool.map(count_lines, paths)))
 

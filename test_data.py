@@ -477,6 +477,9 @@ def test_lines_and_digests_are_counted_in_parallel_and_checked(tmp_path):
     digests = [hashlib.sha256(Path(p).read_bytes()).hexdigest() for p in paths]
     assert data.line_counts(paths) == {paths[0]: (30, digests[0]), paths[1]: (12, digests[1])}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["en.txt", "fr.txt"]  # nothing written beside the corpus
+    (tmp_path / "de.txt").write_bytes(b"eine Zeile\n\n" * (6 << 20))  # 72 MB: counted by worker processes
+    big = [*paths, str(tmp_path / "de.txt")]
+    assert data.line_counts(big) == {**data.line_counts(paths), big[2]: (6 << 20, hashlib.sha256(Path(big[2]).read_bytes()).hexdigest())}
 
 
 def test_a_corpus_file_changed_while_it_is_streamed_is_named(tokenizer, tmp_path):

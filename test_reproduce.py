@@ -15,7 +15,7 @@ from configs import run_script
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
-TASKS = ["--panx", str(SHARED / "ner" / "panx-full"), "--xquad", str(SHARED / "xquad")]
+TASKS = ["--panx", str(SHARED / "ner" / "panx"), "--xquad", str(SHARED / "xquad")]
 
 
 def test_the_unigram_model_predicts_piece_frequencies(tmp_path, monkeypatch):
@@ -115,7 +115,7 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, cap
     stdout = capsys.readouterr().out
     assert "[7/7]" in stdout and "left about" in stdout  # progress with an estimate of the time left
     stored = json.loads((out / "results.json").read_text())
-    assert stored["setup"]["panx"] == "../shared/data/ner/panx-full"  # relative to the repository
+    assert stored["setup"]["panx"] == "../shared/data/ner/panx"  # relative to the repository
     results = stored["results"]
     assert len(results) == 7 and set(stored["baselines"]) == {"unigram", "majority"}
     for name, seeds in results.items():
