@@ -396,7 +396,7 @@ class RunFolder:
             extra = read_train_state(os.path.join(path, TRAIN_STATE))
             if loader is not None:  # the loader's place first: a refusal costs nothing
                 try:
-                    loader.load_state_dict(extra["loader"])
+                    loader.load_state_dict(extra["loader"], info["step"])
                 except DataError as e:  # (the loader's words name no file)
                     raise DataError(f"{os.path.join(path, TRAIN_STATE)}: {e}") from None
             state = {"model": model_state, "optimizer": {"state": optimizer_state["state"]}}

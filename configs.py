@@ -107,7 +107,6 @@ FRACTION = (lambda v: 0 <= v < 1, "in [0, 1)")
 GIVEN = (bool, "given")  # a value at all (a list: at least one)
 SEED = (lambda v: 0 <= v < 2 ** 32, "an integer in [0, 2^32)")  # torch.manual_seed takes seed + rank
 DEVICE = (resolve_device, "auto, cpu, cuda or xla")  # resolve_device says why a device cannot be used
-XQUAD = (os.path.isfile, "an existing file (XQuAD: docs/data.md says where to get it)")
 
 
 def at_least(low):

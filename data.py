@@ -342,9 +342,10 @@ class MLMLoader:
         return {"fingerprint": self._fingerprint, "next_worker": self._state["next_worker"], "streams": {
             k: torch.tensor(np.concatenate([w[k] for w in workers]).view(np.int64)) for k in ("ids", "seq", "readers")}}
 
-    def load_state_dict(self, states):
+    def load_state_dict(self, states, step=None):
         """A state_dict(), or the list of every process's: then any split of the same global batch over processes
-        and accumulation continues it exactly (every stream goes on where it was)."""
+        and accumulation continues it exactly (every stream goes on where it was). `step`: the steps it was saved
+        after (a checkpoint's), which its row counters must count."""
         states = [states] if isinstance(states, dict) else states
         saved = states[0].get("fingerprint", {})
         differ = differences(saved, {key: value for key, value in self._fingerprint.items() if key != "files"})
@@ -367,7 +368,8 @@ class MLMLoader:
             w["readers"] = np.stack([where[i][0]["readers"][where[i][1]].numpy() for i in w["ids"]]).view(READER)
         next_worker = states[0]["next_worker"]  # (checked against the corpus and the run: docs/data.md says how)
         wrong = type(next_worker) is not int or not 0 <= next_worker < len(workers) or any(len(set(w["seq"])) != 1
-                or not 0 <= w["seq"][0] == workers[-1]["seq"][0] + (k < next_worker) for k, w in enumerate(workers))
+                or not 0 <= w["seq"][0] == workers[-1]["seq"][0] + (k < next_worker) for k, w in enumerate(workers)) \
+            or step is not None and workers[-1]["seq"][0] * len(workers) + next_worker != step
         for w in workers:
             r, shares = w["readers"], [_Stream(self.corpus, int(i), None, None, None).share for i in w["ids"]]
             most = {"borrow": S - 1, "any": 1, "pass": w["seq"][:, None] * (seq_len - 2) + r["borrow"], "chunk": [

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 import data
-from configs import (DEVICE, GIVEN, POSITIVE, SEED, XQUAD, at_least, check_flags, flag, one_of, parse_command_line,
+from configs import (DEVICE, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of, parse_command_line,
                      run_script)
 from checkpoints import DataError, from_checkpoint, from_hf
 from runtime import setup_runtime
@@ -394,16 +394,19 @@ class ProbeConfig:
     """per-layer nearest-neighbour translation accuracy (Figure 2's method)"""
     checkpoint: str = flag("", "a pretrain.py checkpoint or a Hugging Face RemBERT dir", GIVEN)
     tokenizer: str = flag("", "SentencePiece model (default: the checkpoint's)")
-    source: str = flag("data/xquad/xquad.en.json", "source sentences: SQuAD-format JSON, or a text file "
-                                                  "line-parallel to --target", XQUAD)
-    target: str = flag("data/xquad/xquad.de.json", "target sentences, parallel", XQUAD)
+    source: str = flag("data/xquad/xquad.en.json", "source sentences: SQuAD-format JSON (XQuAD: docs/data.md says "
+                                                  "where to get it), or a text file line-parallel to --target")
+    target: str = flag("data/xquad/xquad.de.json", "target sentences, parallel")
     unit: str = flag("questions", "JSON: pair the questions (by id) or the contexts", one_of(("questions", "contexts")))
     max_len: int = flag(128, "tokens per sentence, with [CLS] and [SEP]", at_least(3))
     batch_size: int = flag(32, "sentences per batch", POSITIVE)
     seed: int = flag(0, "seed of the fit/test split of the pairs", SEED)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
 
-    __post_init__ = check_flags
+    def __post_init__(self):
+        check_flags(self)
+        for name, path in (("--source", self.source), ("--target", self.target)):  # before a model is read
+            data.open_input(path, f"{name} {path}").close()
 
 
 def main(argv=None):

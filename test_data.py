@@ -405,9 +405,13 @@ def test_a_saved_state_out_of_range_or_of_another_type_is_refused_before_a_batch
         "a worker that is none": {**good, "next_worker": 2},
         "a worker by name": {**good, "next_worker": "1"},
     }
+    # Every row counter 7 rows on: consistent in itself, but not the 5 steps of the checkpoint it was saved with.
+    damaged["the counters of another step"] = edited("seq", lambda t: t + 7)
+    make().load_state_dict(damaged["the counters of another step"])
+    make().load_state_dict(good, 5)
     for case, state in damaged.items():
         with pytest.raises(data.DataError, match="the saved data-loader state is damaged"):
-            make().load_state_dict(state)
+            make().load_state_dict(state, 5)
             pytest.fail(case)
 
 

@@ -458,9 +458,9 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatc
              "--device xla needs torch-xla"),
             (["translation-probe", "--checkpoint", "c.pt", "--tokenizer", "t", "--source", str(gold), "--target",
               str(gold), "--max-len", "2"], "--max-len"),
-            # No data/ (the default place of XTREME's files): where to get them, not a traceback.
+            # No data/ (the default place of XTREME's files): named by its flag as every missing file, not a traceback.
             (["translation-probe", "--checkpoint", "c.pt", "--source", str(tmp_path / "none.json")],
-             "--source must be an existing file (XQuAD: docs/data.md says where to get it)"),
+             f"--source {tmp_path / 'none.json'}: no such file"),
             (["--task", "xquad", "--gold", str(gold), "--predictions", str(gold)],  # no command: not "invalid choice"
              "the first word must be the command, one of score, mlm-accuracy, translation-probe")):
         code, _, err = as_script(capsys, monkeypatch, command)

@@ -608,10 +608,11 @@ def logged(stdout, field):
 
 
 @pytest.mark.subprocess
-def test_xla_matches_eager_cpu_and_stops_compiling(tokenizer, tmp_path):
+def test_xla_matches_eager_cpu_and_stops_compiling(tokenizer, tmp_path, capsys):
     common = ["--steps", "8", "--checkpoint-every", "4", "--grad-accum", "2", "--num-layers", "1"]
     xla = run_script(tokenizer, tmp_path / "xla", *common, "--device", "xla", python=xla_python(), env=xla_env())
-    cpu = run_script(tokenizer, tmp_path / "cpu", *common)
+    run(tokenizer, tmp_path / "cpu", *common)  # eager CPU: in this process
+    cpu = capsys.readouterr().out
     assert logged(xla, "loss") == pytest.approx(logged(cpu, "loss"), abs=2e-3)
     # Compiled: the step (step 1), the optimizer's state (step 2), the weight check before the first save.
     compiles = logged(xla, "xla compiles")
