@@ -109,9 +109,18 @@ def read_checkpoint_info(path, verify=True):
         raise DataError(f"{info_path}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
     if problem := _info_problem(path, info):
         raise DataError(f"{info_path}: damaged or not pretrain.py's ({problem})")
-    for file, digest in sorted((os.path.join(path, name), digest) for name, digest in info["sha256"].items()):
+    check_digests(path, info["sha256"], verify)
+    if verify:
+        read_metadata(path)
+    return info
+
+
+def check_digests(folder, digests, verify=True):
+    """Each file of a digest list ({name: SHA-256}, checkpoint.json's or finetune.json's) a regular file of `folder`
+    (no link, no FIFO: never opened) and (verify) of the digest saved with it."""
+    for file, digest in sorted((os.path.join(folder, name), digest) for name, digest in digests.items()):
         try:
-            regular = stat.S_ISREG(os.lstat(file).st_mode)  # (a link, a FIFO: never opened)
+            regular = stat.S_ISREG(os.lstat(file).st_mode)
             found = sha256(file) if verify and regular else digest
         except (OSError, ValueError) as e:  # (ValueError: a name with a NUL byte or a lone surrogate)
             raise DataError(f"{file}: missing or unreadable ({getattr(e, 'strerror', None) or e})") from None
@@ -119,9 +128,6 @@ def read_checkpoint_info(path, verify=True):
             raise DataError(f"{file}: damaged (not a regular file)")
         if found != digest:
             raise DataError(f"{file}: damaged (its SHA-256 is not the one saved with it)")
-    if verify:
-        read_metadata(path)
-    return info
 
 
 def _info_problem(path, info):

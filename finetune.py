@@ -39,8 +39,8 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, from_checkpoint, from_hf, save_hf, sha256, write_file,
-                         write_json)
+from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, check_digests, from_checkpoint, from_hf, save_hf,
+                         sha256, write_file, write_json)
 from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier
 from pretrain import build_optimizer, lr_at, weights_are_sound
 from runtime import launch, setup_runtime
@@ -355,10 +355,10 @@ def load_finetuned(path):
     except (OSError, ValueError, KeyError, TypeError) as e:  # (a DataError of read_json's is a ValueError)
         said = e if isinstance(e, DataError) else repr(e)  # (a DataError names the file: said once)
         raise DataError(f"{path}: not a model saved by finetune.py (finetune.json: {said})") from None
-    for name, digest in digests.items():
-        found = settings_digest(info) if name == "finetune.json" else sha256(os.path.join(path, name))
-        if found != digest:
-            raise DataError(f"{os.path.join(path, name)}: damaged or edited (its SHA-256 is not the one saved with it)")
+    if digests.pop("finetune.json") != settings_digest(info):
+        raise DataError(f"{os.path.join(path, 'finetune.json')}: damaged or edited (its settings' SHA-256 is not the "
+                        f"one saved with them)")
+    check_digests(path, digests)
     model = build_model(task, from_hf(path, Encoder), dropout=0.0)
     state = load_file(os.path.join(path, "model.safetensors"))
     try:  # the head's weights (from_hf read the rest)
