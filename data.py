@@ -368,8 +368,7 @@ class MLMLoader:
             w["readers"] = np.stack([where[i][0]["readers"][where[i][1]].numpy() for i in w["ids"]]).view(READER)
         next_worker = states[0]["next_worker"]  # (checked against the corpus and the run: docs/data.md says how)
         wrong = type(next_worker) is not int or not 0 <= next_worker < len(workers) or any(len(set(w["seq"])) != 1
-                or not 0 <= w["seq"][0] == workers[-1]["seq"][0] + (k < next_worker) for k, w in enumerate(workers)) \
-            or step is not None and workers[-1]["seq"][0] * len(workers) + next_worker != step
+                or not 0 <= w["seq"][0] == workers[-1]["seq"][0] + (k < next_worker) for k, w in enumerate(workers))
         for w in workers:
             r, shares = w["readers"], [_Stream(self.corpus, int(i), None, None, None).share for i in w["ids"]]
             most = {"borrow": S - 1, "any": 1, "pass": w["seq"][:, None] * (seq_len - 2) + r["borrow"], "chunk": [
@@ -378,6 +377,9 @@ class MLMLoader:
         if wrong:
             raise DataError(f"the saved data-loader state is damaged: its row counters, next_worker {next_worker!r} "
                             f"or positions are not those of a run on this corpus")
+        if step is not None and (counted := int(workers[-1]["seq"][0]) * len(workers) + next_worker) != step:
+            raise DataError(f"the saved data-loader state is damaged: its row counters count {counted} steps, not the "
+                            f"{step} of its checkpoint")
         self._state = {"next_worker": next_worker, "workers": workers}
 
     def __iter__(self):

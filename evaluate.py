@@ -406,7 +406,7 @@ class ProbeConfig:
     def __post_init__(self):
         check_flags(self)
         for name, path in (("--source", self.source), ("--target", self.target)):  # before a model is read
-            data.open_input(path, f"{name} {path}").close()
+            data.open_input(path, f"{name} {path} (XQuAD: docs/data.md says where to get it)").close()
 
 
 def main(argv=None):

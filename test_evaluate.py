@@ -460,7 +460,7 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatc
               str(gold), "--max-len", "2"], "--max-len"),
             # No data/ (the default place of XTREME's files): named by its flag as every missing file, not a traceback.
             (["translation-probe", "--checkpoint", "c.pt", "--source", str(tmp_path / "none.json")],
-             f"--source {tmp_path / 'none.json'}: no such file"),
+             f"--source {tmp_path / 'none.json'} (XQuAD: docs/data.md says where to get it): no such file"),
             (["--task", "xquad", "--gold", str(gold), "--predictions", str(gold)],  # no command: not "invalid choice"
              "the first word must be the command, one of score, mlm-accuracy, translation-probe")):
         code, _, err = as_script(capsys, monkeypatch, command)

@@ -525,6 +525,13 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
     with pytest.raises(DataError, match=r"seed-0/config.json: damaged"):
         finetune.load_finetuned(saved)
     (saved / "config.json").write_text(config)
+    tokenizer, elsewhere = saved / "sentencepiece.model", tmp_path / "elsewhere.model"  # a link: never opened
+    shutil.move(tokenizer, elsewhere)
+    tokenizer.symlink_to(elsewhere)
+    with pytest.raises(DataError, match=r"seed-0/sentencepiece.model: damaged \(not a regular file\)"):
+        finetune.load_finetuned(saved)
+    tokenizer.unlink()
+    shutil.move(elsewhere, tokenizer)
     # An edited finetune.json: its settings have a digest of their own (seq_len 64 -> 8 was predicted with).
     info = json.loads((saved / "finetune.json").read_text())
     edited = "seed-0/finetune.json: damaged or edited"
