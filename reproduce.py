@@ -65,8 +65,8 @@ PANX_LANGS = ("de", "en", "es", "nl", "pl", "ru")
 MARGIN = 0.1  # nats: a run whose held-out loss is not this far below the unigram model's has collapsed
 
 PRESETS = {
-    # About 2 minutes on 2 cores (1 min 58 s measured). A 500-piece vocabulary and 0.72M tokens: every model passes
-    # the collapse check (at 250 steps, 0.26M tokens, E_out 64 and E_out 16 + 2 layers did not).
+    # About 2 minutes on 2 cores (1 min 58 s and 2 min 21 s measured). A 500-piece vocabulary and 0.72M tokens:
+    # every model passes the collapse check (at 250 steps, 0.26M tokens, E_out 64 and E_out 16 + 2 layers did not).
     "quick": dict(hidden=64, layers=2, heads=2, small=16, extra_layers=2, vocab=500, seq_len=64, batch_size=16,
                   steps=700, warmup=70, lr=2e-3, eval_every=100, eval_batches=10, finetune_lr=3e-3, epochs=2,
                   finetune_batch=16, finetune_seq_len=64, max_train=1000, max_eval=100, probe_pairs=200, seeds=1,
