@@ -171,7 +171,7 @@ def pair_features(tokenizer, examples, labels, seq_len):
     return to_tensors(features, seq_len, tokenizer.pad_id)
 
 
-def tagging_features(tokenizer, examples, labels, seq_len):
+def tagging_features(tokenizer, examples, labels, seq_len, training=True):
     """One row per sentence: [CLS] each word's pieces ([UNK] for none) [SEP], its label on the first piece (-100
     elsewhere; 0 without gold labels, marking the words for tagging_predictions). Words past seq_len are cut."""
     features, cut = [], 0
@@ -189,7 +189,7 @@ def tagging_features(tokenizer, examples, labels, seq_len):
                          "labels": row_labels + [-100]})
     if cut:
         warnings.warn(f"{cut} words did not fit in {seq_len} pieces (--seq-len): the model does not see them; "
-                      f"training learns nothing from them, prediction tags them {labels[0]!r}")
+                      + ("training learns nothing from them" if training else f"they are tagged {labels[0]!r}"))
     return to_tensors(features, seq_len, tokenizer.pad_id)
 
 
@@ -275,8 +275,9 @@ def features(task, tokenizer, examples, settings, training):
     if task.kind == "qa":
         return squad_features(tokenizer, examples, settings["seq_len"], settings["doc_stride"],
                               settings["max_query_length"], training=training)
-    make = pair_features if task.kind == "classification" else tagging_features
-    return make(tokenizer, examples, task.labels, settings["seq_len"]), None
+    if task.kind == "classification":
+        return pair_features(tokenizer, examples, task.labels, settings["seq_len"]), None
+    return tagging_features(tokenizer, examples, task.labels, settings["seq_len"], training), None
 
 
 def build_encoder(cfg, log):

@@ -753,7 +753,9 @@ def test_pair_and_tagging_features(tokenizer, tmp_path):
     gold = t["labels"].clone()
     assert (gold[:, 0] == -100).all() and sorted(gold[0][gold[0] != -100].tolist()) == [0, 0, 1, 5]
     assert finetune.tagging_predictions(examples, t, gold.clamp(min=0), TAGGING_LABELS["panx"]) == [e.labels for e in examples]
-    with pytest.warns(UserWarning, match=r"\d words did not fit in 12 pieces"):
+    with pytest.warns(UserWarning, match=r"\d words did not fit in 12 pieces .*; they are tagged 'O'$"):
+        finetune.tagging_features(tokenizer, examples[:1], TAGGING_LABELS["panx"], seq_len=12, training=False)
+    with pytest.warns(UserWarning, match=r"\d words did not fit in 12 pieces .*; training learns nothing from them$"):
         t = finetune.tagging_features(tokenizer, examples[:1], TAGGING_LABELS["panx"], seq_len=12)
     predicted = finetune.tagging_predictions(examples[:1], t, t["labels"].clamp(min=0), TAGGING_LABELS["panx"])
     kept = int((t["labels"][0] != -100).sum())
