@@ -369,8 +369,8 @@ def load_finetuned(path):
     return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
 
 
-def read_examples(task, path, labelled=True, flag="--train"):
-    data.open_input(path, f"{flag} {path}").close()  # (missing, or a FIFO: named by its flag before it is read)
+def read_examples(task, path, labelled=True, named=None):
+    data.open_input(path, named or f"--train {path}").close()  # (missing, or a FIFO: named by its flag, not read)
     if task.kind == "qa":
         examples = data.read_squad(path)
         if labelled and (unanswered := [e.source for e in examples if not e.answered]):
@@ -428,11 +428,11 @@ def eval_sets(cfg, task, held_out):
     sets = {}
     for spec in cfg.eval:
         path = eval_spec(spec)[1]
-        data.open_input(path, f"--eval {spec}").close()
+        found = read_examples(task, path, named=f"--eval {spec}")
         if cfg.train_fraction == 1 and os.path.getsize(path) == os.path.getsize(cfg.train) and (
                 sha256(path) == sha256(cfg.train)):  # the same file, or a copy of it
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
-        for lang, examples in by_language(read_examples(task, path, flag="--eval"), spec).items():
+        for lang, examples in by_language(found, spec).items():
             if lang in sets or lang == "average":
                 raise DataError(f"--eval: two sets for {lang!r} (or the table's average row); name them LANG=FILE")
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]
@@ -548,7 +548,7 @@ def predict_file(cfg):
     if cfg.task != info["task"] and not task.kind == TASKS[info["task"]].kind == "qa":  # SQuAD -> MLQA is fine
         raise DataError(f"{cfg.model} was fine-tuned for {info['task']}; it cannot predict {cfg.task}'s labels")
     runtime = setup_runtime(cfg.device)
-    examples = read_examples(task, cfg.input, labelled=False, flag="--input")
+    examples = read_examples(task, cfg.input, labelled=False, named=f"--input {cfg.input}")
     predictions = predict_examples(model.to(runtime.device), tokenizer, task, examples, info, cfg.batch_size, runtime)
     if task.kind == "qa":
         text = json.dumps(predictions, ensure_ascii=False)

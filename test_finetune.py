@@ -651,7 +651,7 @@ def test_a_missing_or_irregular_input_is_named_by_its_flag(files, tmp_path):
         with pytest.raises(DataError, match=f"^{flag} {re.escape(str(path))}: {said}"):
             run(*args, flag, path)
     with pytest.raises(DataError, match=f"^--input {re.escape(str(fifo))}: not a regular file"):
-        finetune.read_examples(finetune.TASKS["xnli"], str(fifo), labelled=False, flag="--input")
+        finetune.read_examples(finetune.TASKS["xnli"], str(fifo), labelled=False, named=f"--input {fifo}")
 
 
 class FakeRuntime:
