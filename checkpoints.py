@@ -31,8 +31,8 @@ class DataError(ValueError):
     """Bad input: a data file, a checkpoint or a Hugging Face directory. The message names it."""
 
 
-def sha256(path):
-    with open_input(path) as f:
+def sha256(path, named=""):
+    with open_input(path, named) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
@@ -87,6 +87,7 @@ def load_checkpoint(path):
 
 CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
 CHECKPOINT_NAME = re.compile(r"ckpt-(\d{8})")  # a pre-training run's own folders: ckpt-STEP, 8 digits
+STATES = "ckpt-" + "[0-9]" * 8  # (the same, as a glob)
 _INFO_TYPES = {"step": int, "config": dict, "train_config": dict, "processes": int, "tokenizer": dict, "sha256": dict}
 
 
@@ -285,7 +286,6 @@ class RunFolder:
         runtime.on_main(lambda: self._open(settings))
 
     SETTINGS = "finetune-config.json"
-    STATES = "ckpt-" + "[0-9]" * 8
     PARTS = os.path.join("lr-*", "seed-*")  # fine-tuning's runs, one per learning rate and seed
 
     def _open(self, settings):
@@ -297,7 +297,7 @@ class RunFolder:
         if old := [p for p in parts if os.path.lexists(os.path.join(p, "train-state.pt"))]:
             raise DataError(f"{os.path.join(old[0], 'train-state.pt')}: a training state of an older finetune.py, "
                             f"which this one does not read; remove it to train that run afresh")
-        partial = [p for part in parts for p in glob.glob(os.path.join(part, self.STATES))
+        partial = [p for part in parts for p in glob.glob(os.path.join(part, STATES))
                    if os.path.isdir(p) and not os.path.lexists(os.path.join(p, CHECKPOINT_INFO))]
         for path in partial + glob.glob(os.path.join(self.path, self.PARTS, "*.tmp")):  # (never read: skipped)
             remove(path)
@@ -494,7 +494,7 @@ def claim(out_dir):
 
 def checkpoint_paths(out_dir):
     """Complete checkpoints, oldest first: ckpt-STEP directories with their checkpoint.json."""
-    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, "ckpt-" + "[0-9]" * 8, CHECKPOINT_INFO)))
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, STATES, CHECKPOINT_INFO)))
 
 
 def remove(path):

@@ -45,8 +45,7 @@ class Tokenizer:
 
     def __init__(self, model_file):
         self.model_file = str(model_file)
-        with open_input(model_file, f"--tokenizer {model_file}") as f:  # what a checkpoint records of it
-            self.sha256 = hashlib.file_digest(f, "sha256").hexdigest()
+        self.sha256 = sha256(model_file, f"--tokenizer {model_file}")  # what a checkpoint records of it
         try:  # (a SentencePieceProcessor pickles as its model: DataLoader workers may be spawned)
             self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
         except (RuntimeError, OSError) as e:

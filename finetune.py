@@ -601,7 +601,7 @@ def run(cfg):
     model, and report the learning rate whose average over the languages is best (the mean over --seeds)."""
     runtime = setup_runtime(cfg.device)
     log = (lambda *a: print(*a, flush=True)) if runtime.is_main else (lambda *a: None)
-    log(f"runtime: {runtime.kind} ({runtime.device}), {runtime.world_size} process(es)")
+    log(f"runtime: {runtime.describe()}")
     task = TASKS[cfg.task]
     base, tokenizer, cfg = encoder_and_tokenizer(cfg, log)  # read once; every run starts from a copy
     english, evals = read_sets(cfg, task, tokenizer, log)
