@@ -19,6 +19,7 @@ import stat
 import typing
 import warnings
 import zipfile
+from collections import Counter
 from dataclasses import asdict, fields
 
 import torch
@@ -47,6 +48,36 @@ def open_input(path, named=""):
         os.close(fd)
         raise DataError(f"{named or path}: not a regular file (a directory, a FIFO or a device): not read")
     return open(fd, "rb")
+
+
+def read_text(path):
+    """A whole task file (they are small) as text, "\\r\\n" as "\\n"; a non-UTF-8 byte names its line."""
+    with open_input(path) as f:
+        raw = f.read()
+    try:
+        text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
+    if not text.strip():
+        raise DataError(f"{path}: empty file")
+    if (cr := text.find("\r")) >= 0:  # old Mac line endings: the whole file would be one line
+        raise DataError(f"{path}:{text.count(chr(10), 0, cr) + 1}: a carriage return without a line feed")
+    return text
+
+
+def read_json(path):
+    """A JSON file; duplicate keys are an error rather than silently keeping the last one."""
+    def no_duplicates(pairs):
+        if duplicated := [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]:
+            raise DataError(f"{path}: duplicate key {duplicated[0]!r}")
+        return dict(pairs)
+    try:
+        return json.loads(read_text(path), object_pairs_hook=no_duplicates)
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
+    except RecursionError:
+        raise DataError(f"{path}: JSON nested deeper than Python reads") from None
 
 
 def write_file(path, write, mode="w"):
@@ -289,7 +320,6 @@ class RunFolder:
     PARTS = os.path.join("lr-*", "seed-*")  # fine-tuning's runs, one per learning rate and seed
 
     def _open(self, settings):
-        from evaluate import read_json  # (JSON with a key twice refused; evaluate.py imports this file)
         if os.path.lexists(self.path) and not os.path.isdir(self.path):
             raise DataError(f"--out-dir {self.path} is a file, not a folder; choose another --out-dir")
         self.lock = claim(self.path)
@@ -338,7 +368,6 @@ class RunFolder:
 
     def finished(self, part):
         """What a finished part of the run recorded, or None."""
-        from evaluate import read_json
         path = os.path.join(self.path, part, "scores.json")
         return read_json(path) if os.path.exists(path) else None
 

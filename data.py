@@ -28,7 +28,7 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from checkpoints import CHECKPOINT_INFO, DataError, differences, open_input, read_checkpoint_info, sha256
+from checkpoints import CHECKPOINT_INFO, DataError, differences, open_input, read_checkpoint_info, read_text, sha256
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -539,21 +539,6 @@ class SquadExample:
     def answered(self):
         """Whether it has gold answers and none is blank (which an empty prediction would match)."""
         return bool(self.answers) and all(a["text"].strip() for a in self.answers)
-
-
-def read_text(path):
-    """A whole task file (they are small) as text, "\\r\\n" as "\\n"; a non-UTF-8 byte names its line."""
-    with open_input(path) as f:
-        raw = f.read()
-    try:
-        text = raw.decode("utf-8").removeprefix("\ufeff").replace("\r\n", "\n")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}:{raw.count(NEWLINE, 0, e.start) + 1}: not UTF-8 (byte 0x{raw[e.start]:02x})") from None
-    if not text.strip():
-        raise DataError(f"{path}: empty file")
-    if (cr := text.find("\r")) >= 0:  # old Mac line endings: the whole file would be one line
-        raise DataError(f"{path}:{text.count(chr(10), 0, cr) + 1}: a carriage return without a line feed")
-    return text
 
 
 def check_label(label, labels, source):

@@ -33,7 +33,7 @@ import torch
 import data
 from configs import (DEVICE, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of, parse_command_line,
                      run_script)
-from checkpoints import DataError, from_checkpoint, from_hf
+from checkpoints import DataError, from_checkpoint, from_hf, read_json
 from runtime import setup_runtime
 
 TASKS = ("xnli", "pawsx", "panx", "udpos", "xquad", "mlqa", "tydiqa")
@@ -176,20 +176,6 @@ def print_table(title, table, log):
     log(f"{'lang':<10}" + "".join(f"{m:>14}" for m in metrics))
     for lang, row in table.items():
         log(f"{lang:<10}" + "".join(f"{row[m]:>14.2f}" for m in metrics))
-
-
-def read_json(path):
-    """A JSON file; duplicate keys are an error rather than silently keeping the last one."""
-    def no_duplicates(pairs):
-        if duplicated := [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]:
-            raise DataError(f"{path}: duplicate key {duplicated[0]!r}")
-        return dict(pairs)
-    try:
-        return json.loads(data.read_text(path), object_pairs_hook=no_duplicates)
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
-    except RecursionError:
-        raise DataError(f"{path}: JSON nested deeper than Python reads") from None
 
 
 def task_scores(task, examples, predictions, lang=None):

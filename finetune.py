@@ -39,8 +39,8 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, check_digests, from_checkpoint, from_hf, save_hf,
-                         sha256, write_file, write_json)
+from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, check_digests, from_checkpoint, from_hf, read_json,
+                         save_hf, sha256, write_file, write_json)
 from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier
 from pretrain import build_optimizer, lr_at, weights_are_sound
 from runtime import launch, setup_runtime
@@ -347,7 +347,7 @@ def load_finetuned(path):
         raise DataError(f"{path}: {'a pre-training checkpoint' if pretrained else 'no finetune.json'}, not a model "
                         f"finetune.py saved; fine-tune first, then predict with its run's folder (OUT/lr-RATE/seed-N)")
     try:
-        info = evaluate.read_json(os.path.join(path, "finetune.json"))
+        info = read_json(os.path.join(path, "finetune.json"))
         task, digests = TASKS[info["task"]], dict(info["sha256"])
         if not all(type(info[k]) is int and info[k] > 0 for k in SETTINGS):
             raise ValueError(f"{', '.join(SETTINGS)} must be positive integers")
