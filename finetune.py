@@ -341,7 +341,7 @@ def settings_digest(info):
 
 
 def load_finetuned(path):
-    from safetensors.torch import load_file
+    from safetensors import SafetensorError, safe_open
     if not os.path.isfile(os.path.join(path, "finetune.json")):  # (the folder of a run that finished has one)
         pretrained = os.path.isfile(os.path.join(path, CHECKPOINT_INFO))
         raise DataError(f"{path}: {'a pre-training checkpoint' if pretrained else 'no finetune.json'}, not a model "
@@ -361,11 +361,12 @@ def load_finetuned(path):
                         f"one saved with them)")
     check_digests(path, digests)
     model = build_model(task, from_hf(path, Encoder), dropout=0.0)
-    state = load_file(os.path.join(path, "model.safetensors"))
-    try:  # the head's weights (from_hf read the rest)
-        model.load_state_dict({n: state[n] for n in model.state_dict() if not n.startswith("encoder.")}, strict=False)
-    except (KeyError, RuntimeError) as e:  # finetune.json names another task than the weights were trained for
-        raise DataError(f"{path}: no {info['task']} head in model.safetensors ({type(e).__name__}: {e})") from None
+    try:  # the head's weights alone (from_hf read the rest)
+        with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
+            model.load_state_dict({n: f.get_tensor(n) for n in model.state_dict() if not n.startswith("encoder.")},
+                                  strict=False)
+    except (SafetensorError, RuntimeError) as e:  # finetune.json names another task than the weights were trained for
+        raise DataError(f"{path}: no {info['task']} head in model.safetensors ({' '.join(str(e).split())})") from None
     return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
 
 

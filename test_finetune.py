@@ -546,6 +546,12 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
         (saved / "finetune.json").write_text(json.dumps({**info, "sha256": digests}))
         with pytest.raises(DataError, match=r"finetune.json: .*not the digests of model.safetensors, "):
             finetune.load_finetuned(saved)
+    for task in ("panx", "xquad"):  # a crafted finetune.json (its digest made anew): the weights hold no such head
+        crafted = {**info, "task": task}
+        (saved / "finetune.json").write_text(json.dumps(
+            {**crafted, "sha256": {**info["sha256"], "finetune.json": finetune.settings_digest(crafted)}}))
+        with pytest.raises(DataError, match=fr"seed-0: no {task} head in model.safetensors \([^\n]*\)$"):  # one line
+            finetune.load_finetuned(saved)
     (saved / "scores.json").unlink()  # an interrupted run: --resume reads its settings
     (tmp_path / "finetune-config.json").write_text("[1, 2]")
     with pytest.raises(DataError, match=r"finetune-config.json: damaged \(not a JSON object\)"):
