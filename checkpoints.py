@@ -110,7 +110,10 @@ def load_checkpoint(path):
         return torch.load(path, map_location="cpu", weights_only=True)
     except (FileNotFoundError, DataError):
         raise
-    except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, UnpicklingError...)
+    except pickle.UnpicklingError:  # (weights_only's refusal: several lines, which advise loading it unsafely)
+        raise DataError(f"{path}: refused: its pickle holds more than tensors (objects or code, never loaded here), "
+                        f"or is damaged") from None
+    except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, EOFError...)
         raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({type(e).__name__}: {e})") from None
 
 

@@ -3,6 +3,7 @@ named), torch.save'd files checked before they are read. pretrain.py's checkpoin
 pretrain.py's runs in test_pretrain.py."""
 
 import json
+import os
 import struct
 import warnings
 from dataclasses import replace
@@ -109,6 +110,24 @@ def test_damaged_checkpoints_are_refused_by_name(tmp_path, damage):
     path.write_bytes(raw)
     with pytest.raises(DataError, match=r"ckpt.pt: damaged"):
         load_checkpoint(path)
+
+
+class RunsCode:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):  # unpickled, it would call os.system
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_pickle_that_would_run_code_is_refused_in_one_line(tmp_path):
+    """A pytorch_model.bin whose pickle names a function: torch.load(weights_only=True) refuses it in six lines that
+    advise loading it unsafely; here one line, and nothing runs."""
+    path, marker = tmp_path / "pytorch_model.bin", tmp_path / "ran"
+    torch.save({"weight": torch.zeros(2), "x": RunsCode(marker)}, path)
+    with pytest.raises(DataError, match=r"^[^\n]*/pytorch_model.bin: refused: its pickle holds more than [^\n]*$"):
+        load_checkpoint(path)
+    assert not marker.exists()
 
 
 def test_from_hf_without_head_warns_and_pytorch_bin(tmp_path):
