@@ -114,7 +114,7 @@ def load_checkpoint(path):
         raise DataError(f"{path}: refused: its pickle holds more than tensors (objects or code, never loaded here), "
                         f"or is damaged") from None
     except Exception as e:  # whatever a damaged zip or pickle raises (BadZipFile, zlib.error, EOFError...)
-        raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({type(e).__name__}: {e})") from None
+        raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({one_line(e)})") from None
 
 
 # pretrain.py's checkpoint directories: read, checked first
