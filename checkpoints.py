@@ -78,6 +78,8 @@ def read_json(path):
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested deeper than Python reads") from None
+    except ValueError as e:  # (an integer of over 4,300 digits, which Python does not convert)
+        raise DataError(f"{path}: a number JSON holds that Python does not read ({e})") from None
 
 
 def write_file(path, write, mode="w"):
@@ -345,8 +347,8 @@ class RunFolder:
                 write_json(record, settings)
             return
         theirs = read_json(record) if settings is not None and os.path.exists(record) else None
-        if theirs is not None and not isinstance(theirs, dict):
-            raise DataError(f"{record}: damaged (not a JSON object); choose another --out-dir")
+        if theirs is not None and not (isinstance(theirs, dict) and isinstance(theirs.get("sha256", {}), dict)):
+            raise DataError(f"{record}: damaged (not a JSON object, or its sha256 not one); choose another --out-dir")
         if theirs and theirs.get("task") != settings["task"]:  # (--resume would not make them this task's)
             raise DataError(f"{self.path} holds fine-tuning runs of {theirs.get('task')}, not {settings['task']}; "
                             f"choose another --out-dir")

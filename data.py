@@ -621,7 +621,7 @@ def read_squad(path, check_answers=True):
     question id once, and (check_answers) every answer found at its answer_start in the context."""
     try:
         articles = json.loads(read_text(path))["data"]
-    except (json.JSONDecodeError, KeyError, TypeError, RecursionError) as e:
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # (ValueError: JSONDecodeError, 5,000 digits)
         raise DataError(f"{path}: not SQuAD-format JSON (a top-level \"data\" list) ({e})") from None
     _expect(isinstance(articles, list), f'{path}: "data"', "list of articles")
     examples, seen = [], set()

@@ -649,8 +649,11 @@ def fine_tune_and_evaluate(cfg, task, base, tokenizer, english, evals, lr, seed,
     where = os.path.join(folder.path, part)
     if (scores := folder.finished(part)) is not None:  # (only with --resume: the folder saw to that)
         if not (isinstance(scores, dict) and scores.keys() == {*evals, "average"}
-                and all(isinstance(row, dict) and row.keys() == set(task.metrics) for row in scores.values())):
-            raise DataError(f"{where}/scores.json: not the scores of these languages and metrics (damaged?)")
+                and all(isinstance(row, dict) and row.keys() == set(task.metrics) for row in scores.values())
+                and all(type(v) in (int, float) and 0 <= v <= 100 for row in scores.values() for v in row.values())
+                and all(math.isclose(v, scores["average"][m]) for m, v in average([scores[k] for k in evals]).items())):
+            raise DataError(f"{where}/scores.json: not the scores of these languages and metrics, percentages "
+                            f"averaged (damaged?)")
         log(f"{where} was finished before; its scores are reused")
         return scores
     torch.manual_seed(seed)  # the head's initialisation (the encoder's with --config) and dropout

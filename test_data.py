@@ -684,6 +684,8 @@ def squad_with(**changes):
     ("x.json", squad_with(question="Where\ud83d?"), "squad", r"x.json: question 'q1': .* a lone UTF-16 surrogate"),
     pytest.param("x.json", "[" * 100_000 + "]" * 100_000, "squad", r"x.json: not SQuAD-format JSON",
                  id="JSON nested deeper than Python's recursion limit"),
+    pytest.param("x.json", '{"data": ' + "9" * 5000 + "}", "squad", r"x.json: not SQuAD-format JSON .*5000 digits",
+                 id="an integer Python does not convert"),
     ("p.tsv", "A man.\t \tentailment\n", "pairs", r"p.tsv:1: a blank sentence2; a pair needs two sentences"),
     ("p.tsv", "premise\thypo\tlabel\n\tA man.\tneutral\n", "pairs", r"p.tsv:2: a blank sentence1"),
     # Old Mac line endings: the file would be one sentence of one token, "Anton\rWilhelm\r...".

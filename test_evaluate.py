@@ -537,6 +537,8 @@ def test_score_qa(tmp_path, capsys):
     assert "bad.json:1: invalid JSON" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1"'))
     deep = write(tmp_path / "deep.json", "[" * 100_000 + "]" * 100_000)
     assert "deep.json: JSON nested deeper than Python reads" in score_error(capsys, "xquad", gold, deep)
+    long = write(tmp_path / "long.json", '{"q1": "a", "n": ' + "9" * 5000 + "}")  # (Python converts 4,300 digits)
+    assert "long.json: a number JSON holds that Python does not read" in score_error(capsys, "xquad", gold, long)
     no_answers = write(tmp_path / "g.json", json.dumps({"data": squad(("x", []))}))
     assert "question 'x' has no gold answer" in score_error(capsys, "xquad", no_answers, predictions)
     removed = write(tmp_path / "g.json", json.dumps({"data": squad(("x", [""]))}))  # a test file, answers removed

@@ -303,6 +303,12 @@ def test_a_crashed_run_resumes_to_the_same_weights(files, tmp_path, monkeypatch,
     assert "finished before" in capsys.readouterr().out
     results = [json.loads((tmp_path / d / "results.json").read_text())["results"] for d in ("whole", "crashed")]
     assert results[0] == results[1]
+    scores = tmp_path / "crashed" / "lr-0.001" / "seed-0" / "scores.json"
+    saved = json.loads(scores.read_text())  # its figures edited: not reused, nor averaged into a table
+    for edit in ({"en": {"accuracy": "abc"}}, {"en": {"accuracy": float("nan")}}, {"average": {"accuracy": 99.5}}):
+        scores.write_text(json.dumps({**saved, **edit}))
+        with pytest.raises(DataError, match=r"seed-0/scores.json: not the scores of these languages and metrics"):
+            run(*args, "--out-dir", tmp_path / "crashed", "--resume")
 
 
 def test_a_full_disk_stops_fine_tuning_with_one_line_and_the_state_before_resumes(files, tmp_path, monkeypatch, capsys):
@@ -553,9 +559,11 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
         with pytest.raises(DataError, match=fr"seed-0: no {task} head in model.safetensors \([^\n]*\)$"):  # one line
             finetune.load_finetuned(saved)
     (saved / "scores.json").unlink()  # an interrupted run: --resume reads its settings
-    (tmp_path / "finetune-config.json").write_text("[1, 2]")
-    with pytest.raises(DataError, match=r"finetune-config.json: damaged \(not a JSON object\)"):
-        run(*args, "--resume")
+    settings = json.loads((tmp_path / "finetune-config.json").read_text())
+    for damaged in ([1, 2], {**settings, "sha256": ["x"]}):
+        (tmp_path / "finetune-config.json").write_text(json.dumps(damaged))
+        with pytest.raises(DataError, match=r"finetune-config.json: damaged \(not a JSON object"):
+            run(*args, "--resume")
 
 
 def as_script(capsys, monkeypatch, argv):
