@@ -367,7 +367,12 @@ def load_finetuned(path):
                                   strict=False)
     except (SafetensorError, RuntimeError) as e:  # finetune.json names another task than the weights were trained for
         raise DataError(f"{path}: no {info['task']} head in model.safetensors ({' '.join(str(e).split())})") from None
-    return model, data.Tokenizer(os.path.join(path, "sentencepiece.model")), info
+    tokenizer, config = data.Tokenizer(os.path.join(path, "sentencepiece.model")), model.encoder.config
+    if not 8 <= info["seq_len"] <= config.max_position_embeddings or tokenizer.vocab_size > config.vocab_size:
+        raise DataError(f"{path}: its seq_len {info['seq_len']} (finetune.json) or {tokenizer.vocab_size} pieces "
+                        f"(sentencepiece.model) do not fit the model's 8 to {config.max_position_embeddings} positions "
+                        f"and vocab_size {config.vocab_size}")
+    return model, tokenizer, info
 
 
 def read_examples(task, path, labelled=True, named=None):

@@ -6,6 +6,7 @@ are refused by name; the saved model predicts with `finetune.py predict`, and `e
 reproduces the table."""
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
 import data
 import evaluate
@@ -552,6 +553,21 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
         (saved / "finetune.json").write_text(json.dumps({**info, "sha256": digests}))
         with pytest.raises(DataError, match=r"finetune.json: .*not the digests of model.safetensors, "):
             finetune.load_finetuned(saved)
+    raw = {n: (saved / n).read_bytes() for n in ("config.json", "model.safetensors")}
+    model_config, weights = json.loads(raw["config.json"]), load_file(saved / "model.safetensors")
+    for seq_len, vocab_size in ((1000, None), (2, None), (64, 100)):  # settings or a tokenizer that do not fit
+        if vocab_size:  # (the weights cut to match)
+            embedding = "rembert.embeddings.word_embeddings.weight"
+            save_file({**weights, embedding: weights[embedding][:vocab_size]}, saved / "model.safetensors")
+            (saved / "config.json").write_text(json.dumps({**model_config, "vocab_size": vocab_size}))
+        crafted = {**info, "seq_len": seq_len}
+        digests = {n: hashlib.sha256((saved / n).read_bytes()).hexdigest() for n in finetune.SAVED[:-1]}
+        (saved / "finetune.json").write_text(json.dumps(
+            {**crafted, "sha256": {**digests, "finetune.json": finetune.settings_digest(crafted)}}))
+        with pytest.raises(DataError, match=fr"seed-0: its seq_len {seq_len} \(finetune.json\) or \d+ pieces .* not fit"):
+            finetune.load_finetuned(saved)
+    for name, content in raw.items():
+        (saved / name).write_bytes(content)
     for task in ("panx", "xquad"):  # a crafted finetune.json (its digest made anew): the weights hold no such head
         crafted = {**info, "task": task}
         (saved / "finetune.json").write_text(json.dumps(
