@@ -184,9 +184,10 @@ def _info_problem(path, info):
     if not all(type(v) is str for v in info["sha256"].values()) or ".metadata" not in info["sha256"]:
         return "its digest list: no .metadata, or a digest that is no string"
     if extra := sorted({n for n in os.listdir(path) if n != CHECKPOINT_INFO} - info["sha256"].keys()):
-        return f"{extra[0]} is in the folder but not in its digest list"
-    if odd := [n for n in info["sha256"] if n in ("", ".", "..", CHECKPOINT_INFO) or os.path.basename(n) != n]:
-        return f"its digest list names {odd[0]!r}, not a file of the folder"  # ('../x', '/dev/zero')
+        return f"{extra[0]!r} is in the folder but not in its digest list"  # (repr: a name may hold a line break)
+    if odd := [n for n in info["sha256"] if n in ("", ".", "..", CHECKPOINT_INFO) or os.path.basename(n) != n
+               or not n.isprintable()]:
+        return f"its digest list names {odd[0]!r}, not a file of the folder"  # ('../x', '/dev/zero', 'a\nb')
     return None
 
 

@@ -709,11 +709,16 @@ def test_checkpoint_json_is_checked_and_a_damaged_checkpoint_is_set_aside_under_
         "a digest list naming /dev/zero": (lambda p: rewrite_info(p, sha256={**json.loads(
             (p / "checkpoint.json").read_text())["sha256"], "/dev/zero": "0"}), "names '/dev/zero'"),
         "a digest list naming a NUL byte": (lambda p: rewrite_info(p, sha256={**json.loads(
-            (p / "checkpoint.json").read_text())["sha256"], "a\0b": "0"}), "missing or unreadable"),
+            (p / "checkpoint.json").read_text())["sha256"], "a\0b": "0"}), "names 'a\\x00b'"),
+        "a digest list naming a line break": (lambda p: rewrite_info(p, sha256={**json.loads(
+            (p / "checkpoint.json").read_text())["sha256"], "a\nb": "0"}), "names 'a\\nb'"),
+        "a file named with a line break": (lambda p: (p / "notes\nx.txt").write_bytes(b"x"),
+                                           "'notes\\nx.txt' is in the folder"),
         "a tokenizer that is no .model": (lambda p: rewrite_info(p, tokenizer={"path": "/etc/hostname",
                                                                               "sha256": "0"}), "a .model file"),
         "an empty digest list": (lambda p: rewrite_info(p, sha256={}), "no .metadata"),
-        "a file not in the list": (lambda p: (p / "extra.bin").write_bytes(b"x"), "extra.bin is in the folder but not"),
+        "a file not in the list": (lambda p: (p / "extra.bin").write_bytes(b"x"),
+                                   "'extra.bin' is in the folder but not"),
         "a shard linked to /dev/zero": (lambda p: ((p / shard).unlink(), (p / shard).symlink_to("/dev/zero")),
                                         f"{shard}: damaged (not a regular file)"),
         "a shard that is a FIFO": (lambda p: ((p / shard).unlink(), os.mkfifo(p / shard)),
