@@ -20,6 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import checkpoints
 import data
 import evaluate
 import finetune
@@ -352,6 +353,17 @@ def refused_states(args, tmp_path):
     (part / "ckpt-00000002").rename(part / "ckpt-00001000")
     rewrite_info(part / "ckpt-00001000", step=1000)
     with pytest.raises(DataError, match=r"ckpt-00001000 is at step 1000, past its 8 steps"):
+        run(*args, "--out-dir", out, "--resume")
+    out, part = copy("rolled-back")  # the state of step 2 as step 1's (its folder and digests to match)
+    (part / "ckpt-00000002").rename(part / "ckpt-00000001")
+    rewrite_info(part / "ckpt-00000001", step=1)
+    with pytest.raises(DataError, match=r"ckpt-00000001: damaged: AdamW's state counts steps \[2\] .* not step 1 of 1"):
+        run(*args, "--out-dir", out, "--resume")
+    out, part = copy("no-random-state")  # the random states of no process (its digests to match)
+    state = checkpoints.read_train_state(part / "ckpt-00000002" / checkpoints.TRAIN_STATE)
+    checkpoints.write_train_state({**state, "rng": []}, part / "ckpt-00000002" / checkpoints.TRAIN_STATE)
+    rewrite_info(part / "ckpt-00000002")
+    with pytest.raises(DataError, match=r"ckpt-00000002: damaged: .* random states of 0 processes, not step 2 of 1"):
         run(*args, "--out-dir", out, "--resume")
     out, part = copy("old-format")
     (part / "train-state.pt").write_bytes(b"PK\x03\x04 torch.save's")
