@@ -68,16 +68,20 @@ def read_text(path):
 
 def read_json(path):
     """A JSON file; duplicate keys are an error rather than silently keeping the last one."""
+    text = read_text(path)
+
     def no_duplicates(pairs):
         if duplicated := [k for k, n in Counter(k for k, _ in pairs).items() if n > 1]:
             raise DataError(f"{path}: duplicate key {duplicated[0]!r}")
         return dict(pairs)
     try:
-        return json.loads(read_text(path), object_pairs_hook=no_duplicates)
+        return json.loads(text, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from None
     except RecursionError:
         raise DataError(f"{path}: JSON nested deeper than Python reads") from None
+    except DataError:  # (a key twice)
+        raise
     except ValueError as e:  # (an integer of over 4,300 digits, which Python does not convert)
         raise DataError(f"{path}: a number JSON holds that Python does not read ({e})") from None
 
@@ -671,9 +675,9 @@ def from_hf(path, cls=MaskedLM):
 def _read_hf(path):
     """(ModelConfig, {name: tensor}) of a Hugging Face RemBERT directory, "rembert." cut from the names."""
     import safetensors.torch
+    hf = read_json(os.path.join(path, "config.json"))  # (a key twice: refused, not the last one kept)
     try:
-        with open(os.path.join(path, "config.json")) as f:
-            hf = {"hidden_dropout_prob": 0.0, **json.load(f)}  # a missing key: transformers' default
+        hf = {"hidden_dropout_prob": 0.0, **hf}  # a missing key: transformers' default
         config = ModelConfig(**{ours: hf[theirs] for ours, theirs in _HF_CONFIG.items() if theirs in hf},
                              tie_embeddings=hf.get("tie_word_embeddings", False))
     except (KeyError, TypeError, ValueError, RecursionError) as e:  # (json.JSONDecodeError is a ValueError)

@@ -619,8 +619,9 @@ def read_tagging(path, labels=None, labelled=False, spaces=True):
 def read_squad(path, check_answers=True):
     """SQuAD v1.1 JSON (XQuAD, MLQA, TyDiQA-GoldP): one example per question, its structure checked, every
     question id once, and (check_answers) every answer found at its answer_start in the context."""
+    text = read_text(path)
     try:
-        articles = json.loads(read_text(path))["data"]
+        articles = json.loads(text)["data"]
     except (ValueError, KeyError, TypeError, RecursionError) as e:  # (ValueError: JSONDecodeError, 5,000 digits)
         raise DataError(f"{path}: not SQuAD-format JSON (a top-level \"data\" list) ({e})") from None
     _expect(isinstance(articles, list), f'{path}: "data"', "list of articles")

@@ -90,7 +90,7 @@ def test_malformed_safetensors_are_refused_by_name(tmp_path, header):
 
 def test_a_config_nested_deeper_than_python_reads_is_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
-    with pytest.raises(DataError, match="config.json: not a RemBERT config"):
+    with pytest.raises(DataError, match="config.json: JSON nested deeper than Python reads$"):
         from_hf(tmp_path, Encoder)
 
 
@@ -154,6 +154,10 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
     with pytest.raises(DataError, match="says 2 layers, but it also holds encoder.layer.2"):
         from_hf(tmp_path, Encoder)
+    (tmp_path / "config.json").write_text(json.dumps(config)[:-1] + ', "num_hidden_layers": 2}')  # a key twice
+    with pytest.raises(DataError, match="config.json: duplicate key 'num_hidden_layers'"):
+        from_hf(tmp_path, Encoder)
+    (tmp_path / "config.json").write_text(json.dumps(config))
     (tmp_path / "model.safetensors").unlink()
     torch.save([torch.zeros(1)], tmp_path / "pytorch_model.bin")
     with pytest.raises(DataError, match="its weights are not a dict of named tensors"):

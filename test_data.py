@@ -686,6 +686,7 @@ def squad_with(**changes):
                  id="JSON nested deeper than Python's recursion limit"),
     pytest.param("x.json", '{"data": ' + "9" * 5000 + "}", "squad", r"x.json: not SQuAD-format JSON .*5000 digits",
                  id="an integer Python does not convert"),
+    ("x.json", b'{"data": "\xff"}', "squad", r"x.json:1: not UTF-8 \(byte 0xff\)$"),  # (said once, not wrapped)
     ("p.tsv", "A man.\t \tentailment\n", "pairs", r"p.tsv:1: a blank sentence2; a pair needs two sentences"),
     ("p.tsv", "premise\thypo\tlabel\n\tA man.\tneutral\n", "pairs", r"p.tsv:2: a blank sentence1"),
     # Old Mac line endings: the file would be one sentence of one token, "Anton\rWilhelm\r...".

@@ -530,8 +530,9 @@ def test_score_qa(tmp_path, capsys):
     assert "--lang must be one of en, es, hi, vi, de, ar, zh for mlqa" in score_error(capsys, "mlqa", gold, predictions)
     mlqa_zh = write(tmp_path / "dev-context-zh-question-en.json", gold.read_text())
     assert "--lang is en, but" in score_error(capsys, "mlqa", mlqa_zh, predictions, "--lang", "en")
-    assert "duplicate key 'q1'" in score_error(capsys, "tydiqa", gold, write(
-        tmp_path / "dup.json", '{"q1": "a", "q1": "b"}'))
+    assert score_error(capsys, "tydiqa", gold, write(tmp_path / "dup.json", '{"q1": "a", "q1": "b"}')).endswith(
+        "/dup.json: duplicate key 'q1'")  # (said once: not wrapped in another refusal)
+    assert score_error(capsys, "xquad", gold, write(tmp_path / "empty.json", " \n")).endswith("/empty.json: empty file")
     assert "expected a JSON object {question id: answer text}" in score_error(
         capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1": ["a"]}'))
     assert "bad.json:1: invalid JSON" in score_error(capsys, "xquad", gold, write(tmp_path / "bad.json", '{"q1"'))
