@@ -132,6 +132,8 @@ def check_flags(instance):
         if test and not all(map(test, values)):
             raise ValueError(f"--{f.name.replace('_', '-')} must be {words}"
                              + (f", got {value!r}" if value not in ("", []) else ""))
+        if f.type is int and not abs(value) < 2 ** 63:  # (a count past any run: torch and islice take 64 bits)
+            raise ValueError(f"--{f.name.replace('_', '-')} must be below 2^63")
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -141,7 +143,7 @@ class ArgumentParser(argparse.ArgumentParser):
         super().__init__(formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False, **kwargs)
 
     def error(self, message):
-        self.exit(2, f"{self.prog}: error: {message}\n")
+        self.exit(2, f"{self.prog}: error: {printable(message)}\n")
 
 
 def add_flags(parser, cls, default_none=False):
@@ -196,26 +198,32 @@ def run_script(main):
     with one line and exit code 2, not a traceback."""
     for stream in (sys.stdout, sys.stderr):  # a path or text the terminal's encoding cannot show: escaped
         stream.reconfigure(errors="backslashreplace")
-    warnings.formatwarning = lambda message, *_: f"{sys.argv[0]}: warning: {message}\n"  # one line, no source line
+    warnings.formatwarning = lambda message, *_: f"{sys.argv[0]}: warning: {printable(str(message))}\n"  # one line
     try:
         main()
     except KeyboardInterrupt:  # Ctrl-C: checkpoints, results and predictions are written whole or not at all
         print(f"{sys.argv[0]}: interrupted", file=sys.stderr)
         sys.exit(130)
-    except (DataError, OSError, FloatingPointError, RuntimeError) as e:
+    except (DataError, OSError, FloatingPointError, RuntimeError, MemoryError) as e:
         said = str(e)
-        if not isinstance(e, RuntimeError):
+        if not isinstance(e, (RuntimeError, MemoryError)):
             message = said
         elif dist.is_initialized() and dist.get_world_size() > 1 and (
                 isinstance(e, dist.DistError) or "closed by peer" in said or "reset by peer" in said):
             message = "another process stopped: see its message"  # (gloo's and NCCL's words for a process that ended)
-        elif isinstance(e, torch.OutOfMemoryError) or any(  # on CPU and XLA a plain RuntimeError, known by its text
+        elif isinstance(e, (torch.OutOfMemoryError, MemoryError)) or any(  # on CPU, XLA: a RuntimeError, by its text
                 s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted")):
-            message = f"out of memory ({said.splitlines()[0]}); a smaller model, --batch-size or --seq-len needs less"
+            first = (said.splitlines() or [type(e).__name__])[0]  # (a MemoryError may say nothing)
+            message = f"out of memory ({first}); a smaller model, --batch-size or --seq-len needs less"
         else:
             raise
-        print(f"{sys.argv[0]}: error: {message}", file=sys.stderr)
+        print(f"{sys.argv[0]}: error: {printable(message)}", file=sys.stderr)
         sys.exit(2)
+
+
+def printable(text):
+    """A message as one line: what does not print in a name it quotes (a line break, a tab) as Python escapes it."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def main(argv=None):

@@ -28,7 +28,8 @@ import numpy as np
 import sentencepiece as spm
 import torch
 
-from checkpoints import CHECKPOINT_INFO, DataError, differences, open_input, read_checkpoint_info, read_text, sha256
+from checkpoints import (CHECKPOINT_INFO, DataError, differences, open_input, read_checkpoint_info, read_text, sha256,
+                         write_file)
 
 if tuple(int(v) for v in re.findall(r"\d+", spm.__version__)[:3]) < (0, 2, 2):
     raise ImportError(f"data.py needs sentencepiece>=0.2.2, the first whose encode() gives character offsets; "
@@ -45,9 +46,11 @@ class Tokenizer:
 
     def __init__(self, model_file):
         self.model_file = str(model_file)
-        self.sha256 = sha256(model_file, f"--tokenizer {model_file}")  # what a checkpoint records of it
+        with open_input(model_file, f"--tokenizer {model_file}") as f:  # read once (any path: not passed on)
+            model = f.read()
+        self.sha256 = hashlib.sha256(model).hexdigest()  # what a checkpoint records of it
         try:  # (a SentencePieceProcessor pickles as its model: DataLoader workers may be spawned)
-            self.sp = spm.SentencePieceProcessor(model_file=self.model_file)
+            self.sp = spm.SentencePieceProcessor(model_proto=model)
         except (RuntimeError, OSError) as e:
             raise DataError(f"{self.model_file}: not a SentencePiece model ({e})") from None
         self.vocab_size = self.sp.get_piece_size()
@@ -117,6 +120,8 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     l gives round(M * p_l) lines (M: all lines, at most max_sentences), drawn at random from its files (repeated when
     it has fewer). vocab_size is a soft limit (a small corpus gives fewer pieces); 256 pieces are bytes that rare
     characters fall back to, and when the rest cannot hold every character, only the most frequent get their own."""
+    if written := [f"{model_prefix}.{ext}" for ext in ("model", "vocab") if os.path.lexists(f"{model_prefix}.{ext}")]:
+        raise DataError(f"{written[0]} exists: a tokenizer is not trained over it; remove it, or choose another name")
     langs = corpus_files(files)
     lines = line_counts([p for paths in langs.values() for p in paths])
     counts = {lang: sum(lines[p][0] for p in paths) for lang, paths in langs.items()}
@@ -153,12 +158,16 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
             sample = kept
         try:
             spm.SentencePieceTrainer.train(
-                input=sample, model_prefix=str(model_prefix), vocab_size=vocab_size, model_type="unigram",
+                input=sample, model_prefix=os.path.join(tmp, "spm"), vocab_size=vocab_size, model_type="unigram",
                 pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
                 control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
                 input_sentence_size=0, max_sentence_length=1 << 16, num_threads=os.cpu_count() or 1, minloglevel=2)
         except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
             raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
+        for ext in ("model", "vocab"):  # through the one writer: whole, at any path (SentencePiece's needs UTF-8)
+            with open(os.path.join(tmp, f"spm.{ext}"), "rb") as f:
+                trained = f.read()
+            write_file(f"{model_prefix}.{ext}", lambda out: out.write(trained), "wb")
     return f"{model_prefix}.model"
 
 

@@ -422,9 +422,6 @@ def main(argv=None):
                           **mlm_accuracy(model.to(device), itertools.islice(loader, cfg.batches), device)}))
         return
     source, target = read_parallel(cfg.source, cfg.target, cfg.unit)
-    print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
-          f"{cfg.target}; translation vector fitted on {len(source) // 2}, retrieval among the other "
-          f"{len(source) - len(source) // 2} (chance: {100 / (len(source) - len(source) // 2):.2f}%)", file=sys.stderr)
     ids = [[tokenizer.encode(t) for t in side] for side in (source, target)]
     if cut := sum(len(sentence) > cfg.max_len - 2 for side in ids for sentence in side):
         warnings.warn(f"{cut} of the {2 * len(source)} sentences have more pieces than --max-len {cfg.max_len} holds "
@@ -434,6 +431,9 @@ def main(argv=None):
             raise DataError(f"{path}: the sentence {texts[side.index([])]!r} has no pieces in {tokenizer.model_file}")
     accuracies = translation_probe(model.encoder.to(device), *ids, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
                                    cfg.max_len, cfg.batch_size, cfg.seed, device)
+    print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
+          f"{cfg.target}; translation vector fitted on {len(source) // 2}, retrieval among the other "
+          f"{len(source) - len(source) // 2} (chance: {100 / (len(source) - len(source) // 2):.2f}%)", file=sys.stderr)
     print("layer  accuracy")
     for layer, value in enumerate(accuracies):
         print(f"{layer:>5}  {value:8.2f}")

@@ -138,7 +138,7 @@ class PredictConfig:
 
     def __post_init__(self):
         check_flags(self)
-        if os.path.exists(self.output):  # (the input, a results file: nothing is lost to a mistyped name)
+        if os.path.lexists(self.output):  # (the input, a results file, a link: nothing is lost to a mistyped name)
             raise ValueError(f"--output {self.output} exists: predictions replace no file; remove it or choose another")
         if not os.path.isdir(os.path.dirname(os.path.abspath(self.output))):
             raise ValueError(f"--output {self.output}: no such directory")

@@ -129,6 +129,11 @@ class ReproduceConfig:
             raise ValueError("reproduce.py draws its figures with matplotlib: pip install matplotlib")
         if (os.path.realpath(self.out_dir) + os.sep).startswith(os.path.realpath(self.data) + os.sep):
             raise ValueError("--out-dir is inside --data: its copies of the corpus would be read as more corpus")
+        copies = [os.path.realpath(os.path.join(self.out_dir, folder)) + os.sep for folder in ("corpus", "panx")]
+        if inside := [name for name in ("data", "panx")
+                      if (os.path.realpath(getattr(self, name)) + os.sep).startswith(tuple(copies))]:
+            raise ValueError(f"--{inside[0]} is inside --out-dir's corpus/ or panx/, where reproduce.py writes its own "
+                             f"copies over what is there; pass the original files")
         needed = {"data": [], "panx": ["train-en.tsv", *(f"dev-{lang}.tsv" for lang in PANX_LANGS)],
                   "xquad": ["xquad.en.json", "xquad.de.json"]}
         for flag_name, files in needed.items():

@@ -145,8 +145,13 @@ def test_a_model_finds_its_own_tokenizer_and_refuses_another(tokenizer, tmp_path
 
 
 def test_vocabulary_sizes_are_soft_limits_above_the_byte_pieces(tmp_path):
-    small = data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "small")))
-    assert small.vocab_size == 400
+    small = data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / "small\udcff")))
+    assert small.vocab_size == 400  # (its name holds the byte 0xff, which SentencePiece's own path arguments refuse)
+    for name in ("small\udcff.model", "mine.vocab"):  # a user's file beside: not written over
+        (tmp_path / name).write_bytes(b"the user's")
+        with pytest.raises(data.DataError, match=r"\.(model|vocab) exists: a tokenizer is not trained over it"):
+            data.train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / name.rsplit(".", 1)[0]))
+        assert (tmp_path / name).read_bytes() == b"the user's"
     # 8000 asked of the small sample corpus: the largest vocabulary it holds (a soft limit).
     assert 3000 < data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 8000, str(tmp_path / "big"))).vocab_size < 8000
     with pytest.raises(data.DataError, match="vocab_size 100 leaves no room beside the 256 byte pieces"):

@@ -462,9 +462,20 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatc
             (["translation-probe", "--checkpoint", "c.pt", "--source", str(tmp_path / "none.json")],
              f"--source {tmp_path / 'none.json'} (XQuAD: docs/data.md says where to get it): no such file"),
             (["--task", "xquad", "--gold", str(gold), "--predictions", str(gold)],  # no command: not "invalid choice"
-             "the first word must be the command, one of score, mlm-accuracy, translation-probe")):
+             "the first word must be the command, one of score, mlm-accuracy, translation-probe"),
+            # A name with a line break: escaped as Python would, the line stays one.
+            (["score", "--task", "pawsx", "--gold", str(tmp_path / "x\ny.tsv"), "--predictions", str(gold)],
+             "x\\ny.tsv: no such file"),
+            (["mlm-accuracy", "--checkpoint", "c", "--data", "d", "--batches", str(2 ** 63)],
+             "--batches must be below 2^63")):
         code, _, err = as_script(capsys, monkeypatch, command)
         assert code == 2 and err.count("\n") == 1 and message in err, err
+    def no_memory(*args):
+        raise MemoryError  # (Python's: it says nothing)
+    monkeypatch.setattr(evaluate, "score_files", no_memory)
+    code, _, err = as_script(capsys, monkeypatch, ["score", "--task", "pawsx", "--gold", str(gold), "--predictions",
+                                                   str(gold)])
+    assert code == 2 and ": error: out of memory (MemoryError); " in err and err.count("\n") == 1, err
 
 
 def test_score_names_a_missing_or_irregular_file_by_its_flag(tmp_path):
@@ -738,9 +749,11 @@ def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(t
                        str(REPO / "sample_data" / "en.txt"), "--device", "cpu"])
     source = write(tmp_path / "en.txt", "one\ntwo\nthree\nfour\n")
     target = write(tmp_path / "de.txt", "eins\nzwei\n\u200b\nvier\n")  # a zero-width space: no piece at all
+    capsys.readouterr()
     with pytest.raises(DataError, match=r"de.txt: the sentence '\\u200b' has no pieces in"):
         evaluate.main(["translation-probe", "--checkpoint", str(tmp_path / "encoder"), "--source", str(source),
                        "--target", str(target), "--max-len", "32", "--device", "cpu"])
+    assert capsys.readouterr().err == ""  # (the probe's summary comes with its figures: the refusal is all it says)
     # Sentences longer than --max-len are cut, which is said; the chance level is printed beside the figures.
     target = write(tmp_path / "de.txt", "eins\nzwei zwei zwei zwei zwei zwei zwei zwei\ndrei\nvier\n")
     with pytest.warns(UserWarning, match="1 of the 8 sentences have more pieces than --max-len 8 holds"):

@@ -197,6 +197,9 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys, tmp_path
     with pytest.raises(ValueError, match="--seq-len 67 leaves no room for the context after --max-query-length 64"):
         finetune.FinetuneConfig(**{**settings, "task": "xquad"}, seq_len=67)
     assert finetune.FinetuneConfig(**{**settings, "task": "xquad"}, seq_len=68).seq_len == 68
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")  # a link is the user's too, even to nothing
+    with pytest.raises(ValueError, match="--output .*dangling exists: predictions replace no file"):
+        finetune.PredictConfig(model=str(tmp_path / "m"), task="panx", input="x.tsv", output=str(tmp_path / "dangling"))
     with pytest.raises(ValueError, match="--output is in --model's directory"):
         finetune.PredictConfig(model=str(tmp_path), task="panx", input="x.tsv", output=str(tmp_path / "pred.tsv"))
 

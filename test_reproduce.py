@@ -153,6 +153,9 @@ def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path, capsys):
                            (["--data", str(tmp_path / "none")], "has no such directory; docs/data.md says where"),
                            (["--panx", str(tmp_path)], "--panx " + str(tmp_path) + " has no train-en.tsv"),
                            (["--out-dir", str(corpus / "out")], "--out-dir is inside --data"),
+                           (["--out-dir", str(tmp_path)], "--data is inside --out-dir's corpus/ or panx/"),
+                           (["--out-dir", str(tmp_path), "--data", str(tmp_path / "xquad")],
+                            "--panx is inside --out-dir's corpus/ or panx/"),
                            (["--out-dir", ""], "--out-dir must be given")):
         given = dict(zip(flags[::2], flags[1::2]))
         defaults = {"--out-dir": str(tmp_path / "new"), "--data": str(corpus), "--panx": str(panx),
