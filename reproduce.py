@@ -462,7 +462,7 @@ def main(argv=None):
     results = stored["results"]
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     if p.max_train and p.max_eval:
-        cfg = replace(cfg, panx=first_sentences(p, cfg.panx, os.path.join(cfg.out_dir, "panx")))
+        cfg.panx = first_sentences(p, cfg.panx, os.path.join(cfg.out_dir, "panx"))  # (our copy: not checked as --panx)
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):  # (the quick preset's from fewer lines: its time is mostly this)
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"),
