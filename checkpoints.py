@@ -448,11 +448,14 @@ class RunFolder:
             shards(state, path, self.runtime)
             set_state_dict(model, optimizer, model_state_dict=state["model"],
                            optim_state_dict={**optimizer_state, "state": state["optimizer"]["state"]})
-            if (steps := {int(s["step"]) for s in optimizer.state.values()}) != {info["step"]} or \
-                    len(extra["rng"]) != info["processes"]:  # (a state renamed and rewritten as another step's)
-                raise DataError(f"{path}: damaged: AdamW's state counts steps {sorted(steps)} and it holds random "
-                                f"states of {len(extra['rng'])} processes, not step {info['step']} of "
-                                f"{info['processes']}")
+            # A state renamed and rewritten as another step's (AdamW counts its steps in its own float precision):
+            if wrong := [s["step"] for s in optimizer.state.values() if s["step"] != torch.tensor(info["step"]).to(
+                    s["step"].dtype)]:
+                raise DataError(f"{path}: damaged: AdamW's state has taken {wrong[0].item():.0f} steps, its "
+                                f"{CHECKPOINT_INFO} says {info['step']}")
+            if len(extra["rng"]) != info["processes"]:
+                raise DataError(f"{path}: damaged: it holds the random states of {len(extra['rng'])} processes, its "
+                                f"{CHECKPOINT_INFO} says {info['processes']}")
             if len(extra["rng"]) == self.runtime.world_size:
                 self.runtime.set_rng_state(extra["rng"][self.runtime.rank])
             else:

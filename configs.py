@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import typing
+import unicodedata
 import warnings
 from dataclasses import MISSING, field, fields, replace
 from functools import partial
@@ -217,13 +218,16 @@ def run_script(main):
             message = f"out of memory ({first}); a smaller model, --batch-size or --seq-len needs less"
         else:
             raise
-        print(f"{sys.argv[0]}: error: {printable(message)}", file=sys.stderr)
+        print(f"{sys.argv[0]}: error: {printable(message)}", file=sys.stderr, flush=True)
+        if dist.is_initialized() and dist.get_world_size() > 1:  # gloo's threads may abort the interpreter's exit
+            sys.stdout.flush()
+            os._exit(2)  # (the line is said and every file written whole: nothing is left to do)
         sys.exit(2)
 
 
 def printable(text):
-    """A message as one line: what does not print in a name it quotes (a line break, a tab) as Python escapes it."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    """A message as one line: the control characters and line breaks in a name it quotes as Python escapes them."""
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") else c for c in text)
 
 
 def main(argv=None):

@@ -50,7 +50,8 @@ class Tokenizer:
             model = f.read()
         self.sha256 = hashlib.sha256(model).hexdigest()  # what a checkpoint records of it
         try:  # (a SentencePieceProcessor pickles as its model: DataLoader workers may be spawned)
-            self.sp = spm.SentencePieceProcessor(model_proto=model)
+            self.sp = spm.SentencePieceProcessor()
+            self.sp.LoadFromSerializedProto(model)  # (model_proto=b"" would load nothing, without a word)
         except (RuntimeError, OSError) as e:
             raise DataError(f"{self.model_file}: not a SentencePiece model ({e})") from None
         self.vocab_size = self.sp.get_piece_size()
