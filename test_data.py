@@ -152,6 +152,10 @@ def test_vocabulary_sizes_are_soft_limits_above_the_byte_pieces(tmp_path):
         with pytest.raises(data.DataError, match=r"\.(model|vocab) exists: a tokenizer is not trained over it"):
             data.train_tokenizer(str(REPO / "sample_data"), 400, str(tmp_path / name.rsplit(".", 1)[0]))
         assert (tmp_path / name).read_bytes() == b"the user's"
+    for content in (b"", b"the user's"):  # an empty file (which SentencePiece would load as nothing) or another
+        (tmp_path / "bad.model").write_bytes(content)
+        with pytest.raises(data.DataError, match=r"bad.model: not a SentencePiece model \("):
+            data.Tokenizer(tmp_path / "bad.model")
     # 8000 asked of the small sample corpus: the largest vocabulary it holds (a soft limit).
     assert 3000 < data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 8000, str(tmp_path / "big"))).vocab_size < 8000
     with pytest.raises(data.DataError, match="vocab_size 100 leaves no room beside the 256 byte pieces"):
