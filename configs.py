@@ -218,9 +218,10 @@ def run_script(main):
             message = f"out of memory ({first}); a smaller model, --batch-size or --seq-len needs less"
         else:
             raise
-        print(f"{sys.argv[0]}: error: {printable(message)}", file=sys.stderr, flush=True)
+        sys.stderr.write(f"{sys.argv[0]}: error: {printable(message)}\n")  # (one write: processes do not interleave)
         if dist.is_initialized() and dist.get_world_size() > 1:  # gloo's threads may abort the interpreter's exit
             sys.stdout.flush()
+            sys.stderr.flush()
             os._exit(2)  # (the line is said and every file written whole: nothing is left to do)
         sys.exit(2)
 
