@@ -32,8 +32,8 @@ class DataError(ValueError):
     """Bad input: a data file, a checkpoint or a Hugging Face directory. The message names it."""
 
 
-def sha256(path, named=""):
-    with open_input(path, named) as f:
+def sha256(path):
+    with open_input(path) as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
 
