@@ -138,16 +138,10 @@ def read_checkpoint_info(path, verify=True):
     info_path = os.path.join(path, CHECKPOINT_INFO)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such checkpoint")
-    if os.path.lexists(info_path) and not stat.S_ISREG(os.lstat(info_path).st_mode):  # (a FIFO: a reader hangs)
-        raise DataError(f"{info_path}: damaged (not a regular file)")
-    try:
-        with open(info_path) as f:
-            info = json.load(f)
-    except (FileNotFoundError, NotADirectoryError):
+    if not os.path.lexists(info_path):
         raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint "
-                        f"directory") from None
-    except (OSError, ValueError, RecursionError) as e:
-        raise DataError(f"{info_path}: damaged or not pretrain.py's ({type(e).__name__}: {e})") from None
+                        f"directory")
+    info = read_json(info_path)  # (a FIFO, not UTF-8, not JSON, a key given twice: refused, named)
     if problem := _info_problem(path, info):
         raise DataError(f"{info_path}: damaged or not pretrain.py's ({problem})")
     check_digests(path, info["sha256"], verify)

@@ -125,6 +125,9 @@ def test_overrides_are_typed_and_checked(capsys):
         (["--lr", "-1"], "--lr must be a positive number, got -1.0"),
         (["--weight-decay", "-1"], "--weight-decay must be a number >= 0, got -1.0"),
         (["--weight-decay", "inf"], "--weight-decay must be a number >= 0, got inf"),
+        # AdamW's decay multiplies the weights by 1 - lr x weight_decay: at 1 or more, they vanish or flip sign.
+        (["--weight-decay", "1e300"], "--weight-decay 1e+300 x --lr 0.001 must be below 1"),
+        (["--weight-decay", "0.5", "--lr", "2"], "--weight-decay 0.5 x --lr 2.0 must be below 1"),
         (["--seed", "-1"], "--seed must be an integer in [0, 2^32), got -1"),
         (["--seed", str(2 ** 64)], "--seed must be an integer in [0, 2^32), got 18446744073709551616"),
         (["--seq-len", "2"], "--seq-len must be a number >= 3, got 2"),
@@ -724,7 +727,10 @@ def test_checkpoint_json_is_checked_and_a_damaged_checkpoint_is_set_aside_under_
         "a shard that is a FIFO": (lambda p: ((p / shard).unlink(), os.mkfifo(p / shard)),
                                    f"{shard}: damaged (not a regular file)"),
         "checkpoint.json a FIFO": (lambda p: ((p / "checkpoint.json").unlink(), os.mkfifo(p / "checkpoint.json")),
-                                   "checkpoint.json: damaged (not a regular file)"),
+                                   "checkpoint.json: not a regular file"),
+        "a key given twice": (lambda p: (p / "checkpoint.json").write_text(
+            (p / "checkpoint.json").read_text().replace('"step": 4,', '"step": 4, "step": 4,', 1)),
+            "checkpoint.json: duplicate key 'step'"),
     }
     for case, (damage, said) in damages.items():
         out = tmp_path / case.replace(" ", "-").replace("/", "")
