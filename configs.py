@@ -215,7 +215,7 @@ def run_script(main):
         elif isinstance(e, (torch.OutOfMemoryError, MemoryError)) or any(  # on CPU, XLA: a RuntimeError, by its text
                 s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted")):
             first = (said.splitlines() or [type(e).__name__])[0]  # (a MemoryError may say nothing)
-            message = f"out of memory ({first}); a smaller model, --batch-size or --seq-len needs less"
+            message = f"out of memory ({first}); a smaller model, batch size or sequence length needs less"
         else:
             raise
         sys.stderr.write(f"{sys.argv[0]}: error: {printable(message)}\n")  # (one write: processes do not interleave)

@@ -476,6 +476,7 @@ def test_a_user_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, monkeypatc
     code, _, err = as_script(capsys, monkeypatch, ["score", "--task", "pawsx", "--gold", str(gold), "--predictions",
                                                    str(gold)])
     assert code == 2 and ": error: out of memory (MemoryError); " in err and err.count("\n") == 1, err
+    assert "a smaller model, batch size or sequence length needs less" in err  # (finetune.py has two batch sizes)
 
 
 def test_score_names_a_missing_or_irregular_file_by_its_flag(tmp_path):
