@@ -114,6 +114,10 @@ class FinetuneConfig:
         if TASKS[self.task].kind == "qa" and seq_len <= self.max_query_length + 3:  # run_squad.py's check
             raise ValueError(f"--seq-len {seq_len} leaves no room for the context after --max-query-length "
                              f"{self.max_query_length} and [CLS] [SEP] [SEP]; it must be more than their sum")
+        lr = max(self.lr or TASKS[self.task].lrs)  # (the default rates are at most Table 10's)
+        if lr * self.weight_decay >= 1:
+            raise ValueError(f"--weight-decay {self.weight_decay} x the learning rate {lr} must be below 1: AdamW "
+                             f"scales the weights by 1 - their product at every step")
         for name, values in (("lr", self.lr), ("seeds", self.seeds)):
             if len(set(values)) < len(values):  # two runs would share one directory, lr-RATE/seed-N
                 raise ValueError(f"--{name} repeats a value ({' '.join(map(str, values))})")

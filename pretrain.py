@@ -73,6 +73,9 @@ class TrainConfig:
         check_flags(self)
         if self.warmup >= self.steps:
             raise ValueError(f"--warmup ({self.warmup}) must be below --steps ({self.steps})")
+        if self.lr * self.weight_decay >= 1:
+            raise ValueError(f"--weight-decay {self.weight_decay} x --lr {self.lr} must be below 1: AdamW scales the "
+                             f"weights by 1 - their product at every step")
         if self.max_predictions > self.seq_len - 2:  # the positions between [CLS] and [SEP]; more are padding
             raise ValueError(f"--max-predictions must be at most --seq-len - 2 ({self.seq_len - 2})")
         if self.compile and (self.device == "xla" or self.fsdp):

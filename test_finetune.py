@@ -193,6 +193,11 @@ def test_settings_the_optimiser_would_take_silently_are_refused(capsys, tmp_path
         finetune.FinetuneConfig(**settings, lr=[0.001, 0.001])
     with pytest.raises(ValueError, match=r"--seeds repeats a value \(0 0\)"):
         finetune.FinetuneConfig(**settings, seeds=[0, 0])
+    # AdamW's decay multiplies the weights by 1 - lr x weight_decay: at 1 or more, they vanish or flip sign.
+    with pytest.raises(ValueError, match=r"--weight-decay 1e\+300 x the learning rate 3e-05 must be below 1"):
+        finetune.FinetuneConfig(**settings, weight_decay=1e300)  # (xnli's default rates, Table 10's: 3e-5 at most)
+    with pytest.raises(ValueError, match=r"--weight-decay 2 x the learning rate 0.5 must be below 1"):
+        finetune.FinetuneConfig(**settings, lr=[1e-5, 0.5], weight_decay=2)
     # run_squad.py's check, at the start rather than when the first long question is met after training.
     with pytest.raises(ValueError, match="--seq-len 67 leaves no room for the context after --max-query-length 64"):
         finetune.FinetuneConfig(**{**settings, "task": "xquad"}, seq_len=67)
