@@ -340,8 +340,8 @@ class MLMLoader:
                              "max_predictions": max_predictions, "num_workers": num_workers, "alpha": alpha,
                              "shuffle_bytes": shuffle_bytes}
         self._state = {"next_worker": 0, "workers": [
-            {"ids": np.array([w * global_batch + (a * world_size + rank) * batch_size + b for a in range(grad_accum)
-                              for b in range(batch_size)]),
+            {"ids": (w * global_batch + (np.arange(grad_accum)[:, None] * world_size + rank) * batch_size
+                     + np.arange(batch_size)).ravel(),  # stream numbers, as the module's docstring gives them
              "seq": np.zeros(batch_size * grad_accum, dtype=np.int64),
              "readers": np.zeros((batch_size * grad_accum, len(langs)), dtype=READER)} for w in range(workers)]}
 

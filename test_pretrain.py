@@ -8,6 +8,7 @@ import json
 import os
 import pickle
 import random
+import resource
 import shutil
 import signal
 import subprocess
@@ -190,6 +191,14 @@ def test_a_model_too_large_for_memory_is_one_line_and_exit_2(tokenizer, tmp_path
     args = tiny_args(tokenizer, tmp_path, "--vocab-size", str(10 ** 12))
     out = subprocess.run([sys.executable, "pretrain.py", *args], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 2 and out.stderr.count("\n") == 1 and "out of memory" in out.stderr, out.stderr
+    # A batch of 10^12 streams: refused at once, by the allocator, for what it asks (not after filling the memory,
+    # when the kernel would end the run without a word: the 8 GB limit is this test's guard against that).
+    args = tiny_args(tokenizer, tmp_path / "batch", "--batch-size", str(10 ** 12))
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    out = subprocess.run([sys.executable, "pretrain.py", *args], cwd=REPO, capture_output=True, text=True,
+                         preexec_fn=limit)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "out of memory (Unable to allocate 7.28 TiB" in out.stderr, out.stderr
 
 
 def test_pretraining_batches_hold_no_padding_rows(tokenizer, tmp_path, monkeypatch):
