@@ -141,7 +141,9 @@ def read_checkpoint_info(path, verify=True):
     if not os.path.lexists(info_path):
         raise DataError(f"{path}: no {CHECKPOINT_INFO}: an interrupted save, or not a pretrain.py checkpoint "
                         f"directory")
-    info = read_json(info_path)  # (a FIFO, not UTF-8, not JSON, a key given twice: refused, named)
+    if not stat.S_ISREG(os.lstat(info_path).st_mode):  # a link (perhaps to another folder's), a FIFO
+        raise DataError(f"{info_path}: damaged (not a regular file)")
+    info = read_json(info_path)  # (not UTF-8, not JSON, a key given twice: refused, named)
     if problem := _info_problem(path, info):
         raise DataError(f"{info_path}: damaged or not pretrain.py's ({problem})")
     check_digests(path, info["sha256"], verify)
