@@ -205,8 +205,8 @@ def check_mlqa_language(lang, path, said):
 def score_files(task, gold_path, predictions_path, lang=None):
     """The task's figures for a prediction file against its gold file. A gold file with a language column
     (XNLI 1.0's own) adds each language's accuracy under "languages"."""
-    for flag, path in (("--gold", gold_path), ("--predictions", predictions_path)):  # named by flag, before reading
-        data.open_input(path, f"{flag} {path}").close()
+    for name, path in (("--gold", gold_path), ("--predictions", predictions_path)):  # named by flag, before reading
+        data.open_input(path, f"{name} {path}").close()
     if task in CLASSIFICATION_LABELS:
         gold = data.read_pairs(gold_path, CLASSIFICATION_LABELS[task], labelled=True)
         predicted = data.read_text(predictions_path).removesuffix("\n").split("\n")  # one label per line
