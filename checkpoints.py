@@ -329,17 +329,18 @@ class RunFolder:
         if os.path.lexists(self.path) and not os.path.isdir(self.path):
             raise DataError(f"--out-dir {self.path} is a file, not a folder; choose another --out-dir")
         self.lock = claim(self.path)
-        parts = [self.path, *glob.glob(os.path.join(self.path, self.PARTS))]
+        here = glob.escape(self.path)  # (a "[", "*" or "?" in a folder's name is a character, not a pattern)
+        parts = [self.path, *glob.glob(os.path.join(here, self.PARTS))]
         if old := [p for p in parts if os.path.lexists(os.path.join(p, "train-state.pt"))]:
             raise DataError(f"{os.path.join(old[0], 'train-state.pt')}: a training state of an older finetune.py, "
                             f"which this one does not read; remove it to train that run afresh")
-        partial = [p for part in parts for p in glob.glob(os.path.join(part, STATES))
+        partial = [p for part in parts for p in glob.glob(os.path.join(glob.escape(part), STATES))
                    if os.path.isdir(p) and not os.path.lexists(os.path.join(p, CHECKPOINT_INFO))]
-        for path in partial + glob.glob(os.path.join(self.path, self.PARTS, "*.tmp")):  # (never read: skipped)
+        for path in partial + glob.glob(os.path.join(here, self.PARTS, "*.tmp")):  # (never read: skipped)
             remove(path)
             self.log(f"removed {path}, left by an interrupted save")
         held = any(checkpoint_paths(p) for p in parts) or settings is not None and any(
-            glob.glob(os.path.join(self.path, name)) for name in (os.path.join(self.PARTS, "*.json"), "results.json"))
+            glob.glob(os.path.join(here, name)) for name in (os.path.join(self.PARTS, "*.json"), "results.json"))
         record = os.path.join(self.path, self.SETTINGS)
         if not held:
             if self.resume:
@@ -537,7 +538,7 @@ def claim(out_dir):
 
 def checkpoint_paths(out_dir):
     """Complete checkpoints, oldest first: ckpt-STEP directories with their checkpoint.json."""
-    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(out_dir, STATES, CHECKPOINT_INFO)))
+    return sorted(os.path.dirname(p) for p in glob.glob(os.path.join(glob.escape(out_dir), STATES, CHECKPOINT_INFO)))
 
 
 def remove(path):

@@ -418,7 +418,7 @@ def corpus_files(data):
     langs = {}
     for path in map(str, [data] if isinstance(data, (str, os.PathLike)) else data):
         found = [path] if not os.path.isdir(path) else sorted(  # every file: none is left out unread
-            p for p in glob.glob(os.path.join(path, "**", "*"), recursive=True, include_hidden=True)
+            p for p in glob.glob(os.path.join(glob.escape(path), "**", "*"), recursive=True, include_hidden=True)
             if not os.path.isdir(p) or p.endswith(".txt"))
         if not found:
             raise DataError(f"{path}: no *.txt files in this directory or its folders")

@@ -485,6 +485,15 @@ def test_a_corpus_directory_is_read_with_its_folders(tmp_path):
                      "en": [str(tmp_path / "en.txt"), str(tmp_path / "novels" / "en.botchan.txt")]}
 
 
+def test_a_corpus_folder_whose_name_holds_glob_characters_is_that_folder(tmp_path):
+    """c[1] is a name, not a pattern that reads c1's files instead."""
+    for folder, lang in (("c[1]", "en"), ("c1", "de"), ("c*", "fr")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / f"{lang}.txt").write_text("a line\n")
+    for folder, lang in (("c[1]", "en"), ("c*", "fr")):
+        assert data.corpus_files(str(tmp_path / folder)) == {lang: [str(tmp_path / folder / f"{lang}.txt")]}
+
+
 def test_lines_and_digests_are_counted_in_parallel_and_checked(tmp_path):
     write_lines(tmp_path / "en.txt", [f"line {i}" for i in range(30)])
     write_lines(tmp_path / "fr.txt", [f"ligne {i}" for i in range(12)] + [""])

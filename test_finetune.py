@@ -230,6 +230,10 @@ def test_a_run_that_never_started_training_does_not_claim_its_out_dir(files, tmp
     (tmp_path / "results" / "results.json").write_text("{}")  # not finetune.py's: never overwritten
     with pytest.raises(DataError, match="already holds fine-tuning runs; pass --resume"):
         run(*args[:-len(SMALL_ARGS) - 2], "--out-dir", tmp_path / "results", *SMALL_ARGS)
+    named = tmp_path / "runs[1]"  # "[1]" is part of a name, not a pattern: the run finished there is found
+    run(*args[:-len(SMALL_ARGS) - 2], "--out-dir", named, *SMALL_ARGS)
+    with pytest.raises(DataError, match="already holds fine-tuning runs; pass --resume"):
+        run(*args[:-len(SMALL_ARGS) - 2], "--out-dir", named, *SMALL_ARGS, "--batch-size", "3")
 
 
 def test_an_out_dir_in_use_by_another_run_is_refused(files, tmp_path):

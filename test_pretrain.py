@@ -673,6 +673,15 @@ def test_a_run_touches_only_its_own_checkpoint_folders_and_rotates_a_moved_one_b
     assert [Path(p).name for p in checkpoints.checkpoint_paths(out)] == ["ckpt-00000004"]
 
 
+def test_an_out_dir_whose_name_holds_glob_characters_is_that_folder_alone(tokenizer, tmp_path):
+    """o[1] is a name, not a pattern: its run neither finds o1's checkpoints (nor resumes from them) nor removes them."""
+    run(tokenizer, tmp_path / "o1", "--steps", "2", "--checkpoint-every", "1")
+    theirs = sorted(os.listdir(tmp_path / "o1"))
+    run(tokenizer, tmp_path / "o[1]", "--steps", "2", "--checkpoint-every", "1", "--keep", "1")
+    assert sorted(os.listdir(tmp_path / "o1")) == theirs
+    assert [Path(p).name for p in checkpoints.checkpoint_paths(tmp_path / "o[1]")] == ["ckpt-00000002"]
+
+
 @pytest.mark.subprocess
 def test_a_crafted_checkpoint_runs_nothing_and_is_refused_by_name(tokenizer, tmp_path, capsys):
     run(tokenizer, tmp_path / "run", "--steps", "4", "--checkpoint-every", "2")
