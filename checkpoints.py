@@ -693,6 +693,7 @@ def _read_hf(path):
         raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
     if found.endswith(".index.json"):  # (what lies beside it may be an earlier save's: not read instead)
         raise DataError(f"{found}: a checkpoint in shards, not read here; save it as one file (max_shard_size)")
+    open_input(found).close()  # (a FIFO would block its reader, /dev/zero never end, a folder say ENODEV)
     try:
         state = safetensors.torch.load_file(found) if found.endswith(".safetensors") else load_checkpoint(found)
     except safetensors.SafetensorError as e:

@@ -112,6 +112,18 @@ def test_damaged_checkpoints_are_refused_by_name(tmp_path, damage):
         load_checkpoint(path)
 
 
+@pytest.mark.parametrize("weights", ["model.safetensors", "pytorch_model.bin"])
+def test_a_weights_file_that_is_a_folder_a_device_or_a_fifo_is_refused_by_name(tmp_path, weights):
+    """Never read: a FIFO would block, /dev/zero never end."""
+    save_hf(MaskedLM(SMALL), tmp_path)
+    (tmp_path / "model.safetensors").unlink()
+    for make in (os.mkdir, lambda path: os.symlink("/dev/zero", path), os.mkfifo):
+        make(tmp_path / weights)
+        with pytest.raises(DataError, match=f"/{weights}: not a regular file"):
+            from_hf(tmp_path)
+        (os.rmdir if (tmp_path / weights).is_dir() else os.remove)(tmp_path / weights)
+
+
 class RunsCode:
     def __init__(self, marker):
         self.marker = marker
