@@ -244,7 +244,8 @@ def read_metadata(path):
     # The checkpoint library reads any item that is no tensor with torch.load(weights_only=False): none is read.
     metadata.state_dict_metadata = {k: v for k, v in items.items() if isinstance(v, TensorStorageMetadata)}
     sizes = {name: os.lstat(os.path.join(path, name)).st_size for name in os.listdir(path)}
-    if any(getattr(s, "relative_path", None) not in sizes for s in metadata.storage_data.values()):
+    paths = [getattr(s, "relative_path", None) for s in metadata.storage_data.values()]
+    if not all(isinstance(p, str) and p in sizes for p in paths):  # (a crafted list would not even hash)
         raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
     if any(getattr(s, "transform_descriptors", None) for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: its items are compressed or transformed, as pretrain.py never writes")

@@ -362,6 +362,9 @@ def test_metadata_whose_chunks_do_not_cover_each_tensor_once_inside_its_file_is_
         with pytest.raises(DataError, match=r"/\.metadata: refused: its chunks do not cover w exactly once, each "
                                             r"inside its file"):
             read_metadata(crafted(**fields))
+    for path in (["__0_0.distcp"], {"a": 1}, "../outside"):  # (a list or a dict raised TypeError: unhashable)
+        with pytest.raises(DataError, match=r"/\.metadata: refused: it points outside the checkpoint's folder"):
+            read_metadata(crafted(relative_path=path))
 
 
 def test_metadata_that_sets_state_on_a_class_or_names_what_the_library_never_writes_is_refused(tmp_path):
