@@ -321,7 +321,7 @@ def read_parallel(source_path, target_path, unit="questions"):
     for path in (source_path, target_path):
         if Path(source_path).suffix != ".json":
             text = data.read_text(path)
-            with contextlib.suppress(json.JSONDecodeError, RecursionError):  # not JSON: text, as it should be
+            with contextlib.suppress(ValueError, RecursionError):  # not JSON (or 5,000 digits): text, as it should be
                 if isinstance(json.loads(text), (dict, list)):
                     raise DataError(f"{path}: a JSON file; SQuAD-format files are read as such when named *.json")
             lines = text.removesuffix("\n").split("\n")

@@ -769,6 +769,13 @@ def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(t
     assert "unrecognized arguments: --max-len 64" in capsys.readouterr().err
 
 
+def test_parallel_text_whose_line_is_a_number_too_long_for_python_is_read_as_text(tmp_path):
+    """json.loads refuses an integer of over 4,300 digits with a plain ValueError (a traceback, before): not JSON."""
+    source = write(tmp_path / "a.txt", "1" * 5000 + "\nhello world\n")
+    target = write(tmp_path / "b.txt", "x y\nhallo Welt\n")
+    assert evaluate.read_parallel(source, target) == (["1" * 5000, "hello world"], ["x y", "hallo Welt"])
+
+
 def test_read_parallel(tmp_path):
     source, target = DATA / "xquad" / "xquad.en.json", DATA / "xquad" / "xquad.de.json"
     if not source.exists():
