@@ -123,6 +123,13 @@ def load_checkpoint(path):
         raise DataError(f"{path}: damaged or not a checkpoint (torch.save's zip) ({one_line(e)})") from None
 
 
+def check_finite(path, tensors):
+    """A DataError naming the first of the {name: tensor} that holds NaN or an infinity: a damaged or diverged model,
+    of no use to train or measure."""
+    if bad := next((name for name, t in tensors.items() if not t.isfinite().all()), None):
+        raise DataError(f"{path}: {bad} holds NaN or infinite values")
+
+
 # pretrain.py's checkpoint directories: read, checked first
 
 CHECKPOINT_INFO = "checkpoint.json"  # pretrain.py writes it last: a directory without it is an interrupted save
@@ -300,6 +307,7 @@ def from_checkpoint(path):
         shards({"model": model.state_dict()}, path)
     except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
         raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
+    check_finite(path, model.state_dict())
     return model
 
 
@@ -663,8 +671,7 @@ def from_hf(path, cls=MaskedLM):
         if state[theirs].shape != own[ours].shape:
             raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
                             f"{ours} needs {tuple(own[ours].shape)}")
-        if not state[theirs].isfinite().all():  # a damaged or diverged model: no use to train or measure
-            raise DataError(f"{path}: {theirs} holds NaN or infinite values")
+        check_finite(path, {theirs: state[theirs]})
         own[ours].copy_(state[theirs])
     if cls is MaskedLM and config.tie_embeddings and not torch.equal(model.head.decoder.weight,
                                                                      state["embeddings.word_embeddings.weight"]):

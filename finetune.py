@@ -39,8 +39,8 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, check_digests, from_checkpoint, from_hf, read_json,
-                         save_hf, sha256, write_file, write_json)
+from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, check_digests, check_finite, from_checkpoint, from_hf,
+                         read_json, save_hf, sha256, write_file, write_json)
 from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier
 from pretrain import build_optimizer, lr_at, weights_are_sound
 from runtime import launch, setup_runtime
@@ -367,10 +367,11 @@ def load_finetuned(path):
     model = build_model(task, from_hf(path, Encoder), dropout=0.0)
     try:  # the head's weights alone (from_hf read the rest)
         with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
-            model.load_state_dict({n: f.get_tensor(n) for n in model.state_dict() if not n.startswith("encoder.")},
-                                  strict=False)
+            head = {n: f.get_tensor(n) for n in model.state_dict() if not n.startswith("encoder.")}
+        model.load_state_dict(head, strict=False)
     except (SafetensorError, RuntimeError) as e:  # finetune.json names another task than the weights were trained for
         raise DataError(f"{path}: no {info['task']} head in model.safetensors ({' '.join(str(e).split())})") from None
+    check_finite(os.path.join(path, "model.safetensors"), head)
     tokenizer, config = data.Tokenizer(os.path.join(path, "sentencepiece.model")), model.encoder.config
     if not 8 <= info["seq_len"] <= config.max_position_embeddings or tokenizer.vocab_size > config.vocab_size:
         raise DataError(f"{path}: its seq_len {info['seq_len']} (finetune.json) or {tokenizer.vocab_size} pieces "

@@ -592,8 +592,17 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
             {**crafted, "sha256": {**digests, "finetune.json": finetune.settings_digest(crafted)}}))
         with pytest.raises(DataError, match=fr"seed-0: its seq_len {seq_len} \(finetune.json\) or \d+ pieces .* not fit"):
             finetune.load_finetuned(saved)
+    (saved / "config.json").write_bytes(raw["config.json"])
+    head = {**weights, "classifier.weight": torch.full_like(weights["classifier.weight"], float("nan"))}
+    save_file(head, saved / "model.safetensors")  # NaN in the head alone (from_hf checks the encoder)
+    digests = {n: hashlib.sha256((saved / n).read_bytes()).hexdigest() for n in finetune.SAVED[:-1]}
+    (saved / "finetune.json").write_text(json.dumps({**info, "sha256": {**digests, "finetune.json": info["sha256"][
+        "finetune.json"]}}))
+    with pytest.raises(DataError, match=r"seed-0/model.safetensors: classifier.weight holds NaN or infinite values"):
+        finetune.load_finetuned(saved)  # (it predicted one label for every example)
     for name, content in raw.items():
         (saved / name).write_bytes(content)
+    (saved / "finetune.json").write_text(json.dumps(info))
     for task in ("panx", "xquad"):  # a crafted finetune.json (its digest made anew): the weights hold no such head
         crafted = {**info, "task": task}
         (saved / "finetune.json").write_text(json.dumps(

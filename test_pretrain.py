@@ -428,6 +428,14 @@ def test_checkpoint_holds_everything_and_loads_as_encoder(tokenizer, tmp_path):
     encoder = checkpoints.from_checkpoint(checkpoints.checkpoint_paths(tmp_path)[-1]).encoder
     for name, tensor in encoder.state_dict().items():
         assert torch.equal(tensor, model.encoder.state_dict()[name])
+    path, weights = checkpoints.checkpoint_paths(tmp_path)[-1], model.state_dict()
+    weights["encoder.embeddings.norm.bias"][0] = float("nan")  # crafted or damaged, its digests made anew: named
+    with warnings.catch_warnings():  # (that the shards are written over, which DCP warns of)
+        warnings.simplefilter("ignore")
+        checkpoints.shards({"model": weights}, path, save=True)
+    rewrite_info(path)
+    with pytest.raises(DataError, match=r"ckpt-00000002: encoder.embeddings.norm.bias holds NaN or infinite values"):
+        checkpoints.from_checkpoint(path)  # (fine-tuning from it said 'the loss became nan; try a lower --lr')
 
 
 @pytest.mark.subprocess  # inductor compiles in worker processes
