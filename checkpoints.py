@@ -292,10 +292,13 @@ def shards(state, path, runtime=None, save=False):
     planner = None if runtime is None else runtime.planner(not save)
     with warnings.catch_warnings():  # (that one process works alone, which DCP warns of, is what is meant)
         warnings.filterwarnings("ignore", "torch.distributed is disabled")
-        if save:
-            dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
-        else:
-            dcp.load(state, storage_reader=CheckpointReader(path), planner=planner, no_dist=not collective)
+        try:
+            if save:
+                dcp.save(state, checkpoint_id=path, planner=planner, no_dist=not collective)
+            else:
+                dcp.load(state, storage_reader=CheckpointReader(path), planner=planner, no_dist=not collective)
+        except dcp.CheckpointException as e:  # a Ctrl-C that the library wrapped as a failure is a Ctrl-C still
+            raise next((f for f, _ in e.failures.values() if isinstance(f, KeyboardInterrupt)), e) from None
 
 
 def from_checkpoint(path):

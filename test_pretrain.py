@@ -280,6 +280,18 @@ def test_a_failed_save_names_its_directory_and_the_next_run_removes_it(tokenizer
     assert sorted(p.name for p in tmp_path.iterdir()) == [".lock", "ckpt-00000004", "ckpt-00000006", "ckpt-00000008"]
 
 
+def test_ctrl_c_while_the_shards_are_written_is_an_interruption_not_a_failed_save(tokenizer, tmp_path, monkeypatch):
+    """The checkpoint library wraps whatever stops a write, Ctrl-C too, as a failure: still a Ctrl-C (run_script: the
+    line "interrupted" and exit code 130, not "saving failed (KeyboardInterrupt: )" and 2)."""
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(torch.distributed.checkpoint.FileSystemWriter, "write_data", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
+    assert checkpoints.checkpoint_paths(tmp_path) == []  # (what it left has no checkpoint.json: never read)
+
+
 @pytest.mark.parametrize("damage", ["overwritten tensor bytes", "truncated", "a shard missing"])
 def test_a_damaged_newest_checkpoint_is_named_and_the_one_before_is_used(tokenizer, tmp_path, capsys, damage):
     run(tokenizer, tmp_path / "straight", "--steps", "6", "--checkpoint-every", "2")
