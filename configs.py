@@ -128,13 +128,15 @@ def check_flags(instance):
     """Every field's check (see `flag`): a ValueError that names the first flag whose value fails."""
     for f in fields(instance):
         test, words = f.metadata.get("check") or (None, "")
-        value = getattr(instance, f.name)
-        values = value if typing.get_origin(f.type) is list and test is not bool else [value]  # (a str is no list)
+        value, name = getattr(instance, f.name), "--" + f.name.replace("_", "-")
+        listed = typing.get_origin(f.type) is list
+        values = value if listed and test is not bool else [value]  # (a str is no list)
         if test and not all(map(test, values)):
-            raise ValueError(f"--{f.name.replace('_', '-')} must be {words}"
-                             + (f", got {value!r}" if value not in ("", []) else ""))
+            raise ValueError(f"{name} must be {words}" + (f", got {value!r}" if value not in ("", []) else ""))
         if f.type is int and not abs(value) < 2 ** 63:  # (a count past any run: torch and islice take 64 bits)
-            raise ValueError(f"--{f.name.replace('_', '-')} must be below 2^63")
+            raise ValueError(f"{name} must be below 2^63")
+        if listed and len(set(value)) < len(value):  # (two runs of one --lr, one --seeds or one model: one folder)
+            raise ValueError(f"{name} repeats a value ({' '.join(map(str, value))})")
 
 
 class ArgumentParser(argparse.ArgumentParser):

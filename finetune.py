@@ -118,9 +118,6 @@ class FinetuneConfig:
         if lr * self.weight_decay >= 1:
             raise ValueError(f"--weight-decay {self.weight_decay} x the learning rate {lr} must be below 1: AdamW "
                              f"scales the weights by 1 - their product at every step")
-        for name, values in (("lr", self.lr), ("seeds", self.seeds)):
-            if len(set(values)) < len(values):  # two runs would share one directory, lr-RATE/seed-N
-                raise ValueError(f"--{name} repeats a value ({' '.join(map(str, values))})")
 
 
 # What features and decoding read, saved with each model for `predict`, and the files its digests cover.

@@ -165,3 +165,8 @@ def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path, capsys):
             run_script(lambda: reproduce.main(["--quick", *argv]))
         err = capsys.readouterr().err
         assert exit.value.code == 2 and err.count("\n") == 1 and message in err, err
+    with pytest.raises(SystemExit) as exit:  # (both jobs of one model started at once: 'in use by another run')
+        run_script(lambda: reproduce.main(["--quick", "--out-dir", str(tmp_path / "new"), "--data", str(corpus),
+                                           "--panx", str(panx), "--xquad", str(xquad),
+                                           "--models", "random init", "random init"]))
+    assert exit.value.code == 2 and "--models repeats a value (random init random init)" in capsys.readouterr().err
