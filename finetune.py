@@ -440,7 +440,10 @@ def eval_sets(cfg, task, held_out):
         if cfg.train_fraction == 1 and os.path.getsize(path) == os.path.getsize(cfg.train) and (
                 sha256(path) == sha256(cfg.train)):  # the same file, or a copy of it
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
-        for lang, examples in by_language(found, spec).items():
+        languages, named = by_language(found, spec), eval_spec(spec)[0]
+        if named and list(languages) != [named]:  # (a language column or TyDiQA's ids, which by_language reads first)
+            raise DataError(f"--eval {spec}: the file says it holds {', '.join(languages)}, not {named}; drop {named}=")
+        for lang, examples in languages.items():
             if lang in sets or lang == "average":
                 raise DataError(f"--eval: two sets for {lang!r} (or the table's average row); name them LANG=FILE")
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]

@@ -674,6 +674,14 @@ def test_evaluation_sets_that_would_mislead_are_refused(files, tmp_path):
     with pytest.raises(DataError, match="the language of --eval en=.* is en, but .* holds MLQA's zh contexts"):
         run("--task", "mlqa", "--config", "tiny", "--tokenizer", spm, "--train", root / "squad-en.json",
             "--out-dir", tmp_path, *SMALL_ARGS, "--eval", f"en={mlqa}")
+    tydi = tmp_path / "tydi-ids.json"  # question ids of TyDiQA's form ("english-..."): they name their language
+    squad = json.loads((root / "dev-squad-en.json").read_text())
+    for k, qa in enumerate(qa for article in squad["data"] for p in article["paragraphs"] for qa in p["qas"]):
+        qa["id"] = f"english-{k}"
+    tydi.write_text(json.dumps(squad))
+    with pytest.raises(DataError, match=r"--eval de=.*tydi-ids.json: the file says it holds en, not de; drop de=$"):
+        run("--task", "mlqa", "--config", "tiny", "--tokenizer", spm, "--train", root / "squad-en.json",
+            "--out-dir", tmp_path, *SMALL_ARGS, "--eval", f"de={tydi}")  # (scored as en, before, without a word)
 
 
 def test_languages_of_an_evaluation_file():
