@@ -207,15 +207,16 @@ def run_script(main):
     except KeyboardInterrupt:  # Ctrl-C: checkpoints, results and predictions are written whole or not at all
         print(f"{sys.argv[0]}: interrupted", file=sys.stderr)
         sys.exit(130)
-    except (DataError, OSError, FloatingPointError, RuntimeError, MemoryError) as e:
+    except (ValueError, OSError, FloatingPointError, RuntimeError, MemoryError) as e:  # (a DataError is a ValueError)
         said = str(e)
-        if not isinstance(e, (RuntimeError, MemoryError)):
+        if isinstance(e, (DataError, OSError, FloatingPointError)):
             message = said
         elif dist.is_initialized() and dist.get_world_size() > 1 and (
                 isinstance(e, dist.DistError) or "closed by peer" in said or "reset by peer" in said):
             message = "another process stopped: see its message"  # (gloo's and NCCL's words for a process that ended)
         elif isinstance(e, (torch.OutOfMemoryError, MemoryError)) or any(  # on CPU, XLA: a RuntimeError, by its text
-                s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted")):
+                s in said.lower() for s in ("can't allocate memory", "out of memory", "resource_exhausted",
+                                            "size calculation overflowed", "array is too big")):  # (torch's, numpy's)
             first = (said.splitlines() or [type(e).__name__])[0]  # (a MemoryError may say nothing)
             message = f"out of memory ({first}); a smaller model, batch size or sequence length needs less"
         else:

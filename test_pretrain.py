@@ -201,6 +201,19 @@ def test_a_model_too_large_for_memory_is_one_line_and_exit_2(tokenizer, tmp_path
     assert "out of memory (Unable to allocate 7.28 TiB" in out.stderr, out.stderr
 
 
+def test_sizes_past_what_numpy_and_torch_count_are_one_line_and_exit_2(tokenizer, tmp_path, capsys, monkeypatch):
+    """--batch-size 2^62: numpy's "array is too big" (a ValueError) and torch's "size calculation overflowed" (a
+    RuntimeError, as finetune.py's predict met it) are out of memory, in one line, not a traceback."""
+    from configs import run_script as as_script
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # (run_script sets it for the process)
+    for main in (lambda: pretrain.main(tiny_args(tokenizer, tmp_path, "--batch-size", str(2 ** 62))),
+                 lambda: torch.zeros(2 ** 62, 128)):
+        with pytest.raises(SystemExit) as exit:
+            as_script(main)
+        err = capsys.readouterr().err
+        assert exit.value.code == 2 and err.count("\n") == 1 and "out of memory (" in err, err
+
+
 def test_pretraining_batches_hold_no_padding_rows(tokenizer, tmp_path, monkeypatch):
     """Every row pretrain.py trains on is a full sequence with its share of masked positions."""
     seen = []
