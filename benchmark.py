@@ -45,7 +45,7 @@ import torch
 
 from configs import (CONFIGS, GIVEN, POSITIVE, at_least, check_flags, flag, one_of, parse_command_line, resolve_device,
                      run_script)
-from checkpoints import save_hf, write_json
+from checkpoints import DataError, read_json, save_hf, write_json
 from model import Encoder, MaskedLM, SequenceClassifier
 
 REPO = Path(__file__).resolve().parent
@@ -436,10 +436,22 @@ class GPUBenchmark:
         check_flags(self)
         for config in (self.config, self.fit_config):
             check_lengths(config, self.seq_len, self.predictions)
+        if os.path.lexists(self.out) and not is_report(self.out):  # (a report of an earlier run is written over)
+            raise ValueError(f"--out {self.out} exists and is no report of this command: not written over; remove it "
+                             f"or choose another")
         if "preset" in self.parts:  # reproduce.py's own checks of its files, before the GPU minutes are spent
             import reproduce
             reproduce.ReproduceConfig(data=self.data, panx=self.panx, xquad=self.xquad, device=self.device,
                                       quick=self.quick)
+
+
+def is_report(path):
+    """Whether `path` is a JSON report that `benchmark.py gpu` wrote."""
+    try:
+        report = read_json(path)
+    except DataError:  # (not JSON, not UTF-8, a FIFO, a folder...)
+        return False
+    return isinstance(report, dict) and {"date", "device", "settings"} <= report.keys()
 
 
 def gpu_step(cfg):

@@ -89,7 +89,11 @@ def test_bad_settings_are_refused(tmp_path, capsys, monkeypatch):
     """Each refused as `python benchmark.py ...` refuses it (run_script around main), in this process: one line,
     exit code 2."""
     monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # (run_script sets it for the process)
-    for command, message in ((["loader", "--data", str(tmp_path)], "no *.txt files in this directory"),
+    notes = tmp_path / "mine" / "notes.txt"  # a user's file, which the report would have replaced
+    notes.parent.mkdir()
+    notes.write_text("my notes\n")
+    (tmp_path / "empty").mkdir()
+    for command, message in ((["loader", "--data", str(tmp_path / "empty")], "no *.txt files in this directory"),
                              (["loader", "--data", ""], "--data must be given"),
                              (["loader", "--batch-size", "0"], "--batch-size must be a positive number, got 0"),
                              (["loader", "--seconds", "inf"], "--seconds must be a positive number, got inf"),
@@ -104,11 +108,17 @@ def test_bad_settings_are_refused(tmp_path, capsys, monkeypatch):
                              (["gpu", "--device", "cpu", "--fit-config", "tiny", "--seq-len", "600"],
                               "--seq-len must be at most 512 for ein128-eout768"),
                              (["gpu", "--device", "cpu", "--parts", "step", "preset", "--data", str(tmp_path / "no")],
-                              f"--data {tmp_path / 'no'} has no such directory")):  # (before the step is timed)
+                              f"--data {tmp_path / 'no'} has no such directory"),  # (before the step is timed)
+                             (["gpu", "--device", "cpu", "--parts", "fit", "--out", str(notes)],
+                              f"--out {notes} exists and is no report of this command: not written over")):
         with pytest.raises(SystemExit) as exit:
             run_script(lambda: benchmark.main(command))
         err = capsys.readouterr().err
         assert exit.value.code == 2 and err.count("\n") == 1 and message in err, err
+    assert notes.read_text() == "my notes\n"
+    earlier = tmp_path / "mine" / "gpu.json"  # a report of an earlier run: replaced by the new one
+    earlier.write_text(json.dumps({"date": "2026-01-01", "device": "cpu", "settings": {}}))
+    assert benchmark.GPUBenchmark(device="cpu", parts=["fit"], out=str(earlier)).out == str(earlier)
     with pytest.raises(ValueError, match="--phases must be one of pretrain, finetune, infer, got 'pretrain'"):
         benchmark.ModelBenchmark(config="tiny", phases="pretrain")  # a str, not a list of phases
 
