@@ -435,12 +435,12 @@ def eval_sets(cfg, task, held_out):
     """{language: examples} of the --eval files, without what --train-fraction trained on."""
     sets = {}
     for spec in cfg.eval:
-        path = eval_spec(spec)[1]
+        named, path = eval_spec(spec)
         found = read_examples(task, path, named=f"--eval {spec}")
         if cfg.train_fraction == 1 and os.path.getsize(path) == os.path.getsize(cfg.train) and (
                 sha256(path) == sha256(cfg.train)):  # the same file, or a copy of it
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
-        languages, named = by_language(found, spec), eval_spec(spec)[0]
+        languages = by_language(found, spec)
         if named and list(languages) != [named]:  # (a language column or TyDiQA's ids, which by_language reads first)
             raise DataError(f"--eval {spec}: the file says it holds {', '.join(languages)}, not {named}; drop {named}=")
         for lang, examples in languages.items():
