@@ -11,6 +11,7 @@ import errno
 import glob
 import hashlib
 import json
+import math
 import os
 import pickle
 import re
@@ -258,16 +259,24 @@ def read_metadata(path):
     if any(getattr(s, "transform_descriptors", None) for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: its items are compressed or transformed, as pretrain.py never writes")
     for name, item in metadata.state_dict_metadata.items():
-        try:  # every element in one chunk (counted on the grid of the chunks' edges), each chunk's bytes in its file
+        try:  # every element in one chunk, each chunk's bytes in its file
             boxes = [list(zip(c.offsets, c.sizes, item.size, strict=True)) for c in item.chunks]
             stored = [metadata.storage_data[MetadataIndex(name, c.offsets)] for c in item.chunks]
-            edges = [sorted({0, d, *(b[i][0] for b in boxes), *(sum(b[i][:2]) for b in boxes)})
-                     for i, d in enumerate(item.size)]
-            counts = torch.zeros([len(e) - 1 for e in edges], dtype=torch.int64)
-            for box in boxes:  # (its edges found by bisection: a crafted file may hold 10^5 chunks)
-                counts[tuple(slice(bisect_left(e, a), bisect_left(e, a + n)) for e, (a, n, _) in zip(edges, box))] += 1
-            exact = (counts == 1).all() and all(0 <= a and 0 <= n and a + n <= d for box in boxes for a, n, d in box) \
+            numel = math.prod(item.size)
+            # What is cheap first: chunks inside the tensor that add up to it, a tensor no larger than the folder's
+            # bytes. That bounds the grid of the chunks' edges below, its cells and the counting, by those bytes.
+            exact = all(0 <= a and 0 <= n and a + n <= d for box in boxes for a, n, d in box) \
+                and sum(math.prod(n for _, n, _ in box) for box in boxes) == numel \
+                and numel * item.properties.dtype.itemsize <= sum(sizes.values()) \
                 and all(0 <= s.offset and 0 <= s.length <= sizes[s.relative_path] - s.offset for s in stored)
+            if exact:  # then no two chunks overlap: each cell of the grid is in one
+                edges = [sorted({0, d, *(b[i][0] for b in boxes), *(sum(b[i][:2]) for b in boxes)})
+                         for i, d in enumerate(item.size)]
+                counts = torch.zeros([len(e) - 1 for e in edges], dtype=torch.int64)
+                for box in boxes:  # (its cells found by bisection: a crafted file may hold 10^5 chunks)
+                    cells = [slice(bisect_left(e, a), bisect_left(e, a + n)) for e, (a, n, _) in zip(edges, box)]
+                    counts[tuple(cells)] += 1
+                exact = bool((counts == 1).all())
         except (TypeError, ValueError, KeyError, AttributeError, RuntimeError):  # (what a crafted chunk may raise)
             exact = False
         if not exact:

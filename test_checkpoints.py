@@ -362,6 +362,13 @@ def test_metadata_whose_chunks_do_not_cover_each_tensor_once_inside_its_file_is_
         with pytest.raises(DataError, match=r"/\.metadata: refused: its chunks do not cover w exactly once, each "
                                             r"inside its file"):
             read_metadata(crafted(**fields))
+    metadata = saved_with_dcp(tmp_path)  # one chunk that tiles a matrix of 10^12 elements: more than the folder holds
+    w = metadata.state_dict_metadata["w"]
+    w.size = torch.Size([10 ** 6, 10 ** 6])
+    w.chunks = [ChunkStorageMetadata(torch.Size([0, 0]), w.size)]
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(DataError, match=r"/\.metadata: refused: its chunks do not cover w exactly once, each inside"):
+        read_metadata(str(tmp_path))
     for path in (["__0_0.distcp"], {"a": 1}, "../outside"):  # (a list or a dict raised TypeError: unhashable)
         with pytest.raises(DataError, match=r"/\.metadata: refused: it points outside the checkpoint's folder"):
             read_metadata(crafted(relative_path=path))
