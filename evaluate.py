@@ -321,11 +321,9 @@ def read_parallel(source_path, target_path, unit="questions"):
     for path in (source_path, target_path):
         if Path(source_path).suffix != ".json":
             text = data.read_text(path)
-            parsed = None
-            with contextlib.suppress(ValueError, RecursionError):  # not JSON (or 5,000 digits): text, as it should be
-                parsed = json.loads(text)
-            if isinstance(parsed, (dict, list)):
-                raise DataError(f"{path}: a JSON file; SQuAD-format files are read as such when named *.json")
+            with contextlib.suppress(json.JSONDecodeError, RecursionError):  # not JSON: text, as it should be
+                if isinstance(json.loads(text, parse_int=str), (dict, list)):  # (str: 5,000 digits convert too)
+                    raise DataError(f"{path}: a JSON file; SQuAD-format files are read as such when named *.json")
             lines = text.removesuffix("\n").split("\n")
             bad = next((i for i, line in enumerate(lines, 1) if not line.strip() or "\t" in line), 0)
             if bad:

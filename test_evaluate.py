@@ -795,6 +795,10 @@ def test_read_parallel(tmp_path):
     squad = write(tmp_path / "xquad.en.txt", source.read_text())
     with pytest.raises(ValueError, match="xquad.en.txt: a JSON file; SQuAD-format files are read as such when named"):
         evaluate.read_parallel(squad, lines[1])
+    # A number too long for Python's int (json.loads' plain ValueError) makes it no less a JSON file.
+    squad.write_text(source.read_text().replace('"data":', '"n": ' + "1" * 5000 + ', "data":', 1))
+    with pytest.raises(ValueError, match="xquad.en.txt: a JSON file; SQuAD-format"):
+        evaluate.read_parallel(squad, lines[1])
     tsv = write(tmp_path / "dev-en.tsv", "premise\thypothesis\tlabel\nA man.\tA person.\tentailment\n")
     with pytest.raises(ValueError, match="dev-en.tsv:1: a tab: one sentence per line, not columns"):
         evaluate.read_parallel(tsv, lines[1])
