@@ -442,10 +442,12 @@ def eval_sets(cfg, task, held_out):
             raise DataError(f"--eval {spec} is the --train file; hold part of it out with --train-fraction")
         languages = by_language(found, spec)
         if named and list(languages) != [named]:  # (a language column or TyDiQA's ids, which by_language reads first)
-            raise DataError(f"--eval {spec}: the file says it holds {', '.join(languages)}, not {named}; drop {named}=")
+            raise DataError(f"--eval {spec}: its language column or question ids give {', '.join(languages)}, which "
+                            f"{named}= neither renames nor picks from; drop {named}=")
         for lang, examples in languages.items():
             if lang in sets or lang == "average":
-                raise DataError(f"--eval: two sets for {lang!r} (or the table's average row); name them LANG=FILE")
+                raise DataError(f"--eval {spec}: two sets for {lang!r} (or the table's average row); give each "
+                                f"language one file (LANG=FILE names it where no column, question ids or file name do)")
             sets[lang] = [e for i, e in enumerate(examples) if held_out(i, e)][:cfg.max_eval or None]
             if not sets[lang]:
                 raise DataError(f"--eval {spec}: no {lang} examples left to evaluate (all used for training?)")

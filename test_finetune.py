@@ -679,7 +679,8 @@ def test_evaluation_sets_that_would_mislead_are_refused(files, tmp_path):
     for k, qa in enumerate(qa for article in squad["data"] for p in article["paragraphs"] for qa in p["qas"]):
         qa["id"] = f"english-{k}"
     tydi.write_text(json.dumps(squad))
-    with pytest.raises(DataError, match=r"--eval de=.*tydi-ids.json: the file says it holds en, not de; drop de=$"):
+    with pytest.raises(DataError, match=r"--eval de=.*tydi-ids.json: its language column or question ids give en, "
+                                         r"which de= neither renames nor picks from; drop de=$"):
         run("--task", "mlqa", "--config", "tiny", "--tokenizer", spm, "--train", root / "squad-en.json",
             "--out-dir", tmp_path, *SMALL_ARGS, "--eval", f"de={tydi}")  # (scored as en, before, without a word)
 
