@@ -709,7 +709,7 @@ def _read_hf(path):
                         f"with hidden_act 'gelu'")
     if hf.get("attention_probs_dropout_prob", 0.0) != config.dropout:
         warnings.warn(f"{path}/config.json: attention_probs_dropout_prob is not hidden_dropout_prob, used for both")
-    found = next((os.path.join(path, name) for name in _HF_WEIGHTS if os.path.exists(os.path.join(path, name))), None)
+    found = next((os.path.join(path, name) for name in _HF_WEIGHTS if os.path.lexists(os.path.join(path, name))), None)
     if found is None:
         raise DataError(f"{path}: neither model.safetensors nor pytorch_model.bin")
     if found.endswith(".index.json"):  # (what lies beside it may be an earlier save's: not read instead)

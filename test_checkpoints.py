@@ -122,6 +122,11 @@ def test_a_weights_file_that_is_a_folder_a_device_or_a_fifo_is_refused_by_name(t
         with pytest.raises(DataError, match=f"/{weights}: not a regular file"):
             from_hf(tmp_path)
         (os.rmdir if (tmp_path / weights).is_dir() else os.remove)(tmp_path / weights)
+    torch.save({}, tmp_path / "pytorch_model.bin")  # an older file beside a dangling link: not read instead
+    (tmp_path / "model.safetensors").unlink(missing_ok=True)
+    (tmp_path / "model.safetensors").symlink_to(tmp_path / "moved" / "model.safetensors")
+    with pytest.raises(DataError, match="/model.safetensors: no such file"):
+        from_hf(tmp_path)
 
 
 class RunsCode:
