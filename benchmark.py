@@ -448,8 +448,8 @@ class GPUBenchmark:
 def is_report(path):
     """Whether `path` is a JSON report that `benchmark.py gpu` wrote."""
     try:
-        report = read_json(path)
-    except DataError:  # (not JSON, not UTF-8, a FIFO, a folder...)
+        report = read_json(path) if os.path.getsize(path) < 1 << 24 else None  # (a report is kilobytes: not read)
+    except (DataError, OSError):  # (not JSON, not UTF-8, a FIFO, a folder, a dangling link...)
         return False
     return isinstance(report, dict) and {"date", "device", "settings"} <= report.keys()
 
