@@ -149,7 +149,7 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
                 out.writelines(part + "\n" for line in reservoir for part in in_parts(line))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
-        if room < 1:
+        if vocab_size < 300:  # (with fewer, too few characters are kept: at 263 and 264 SentencePiece's own error)
             raise DataError(f"vocab_size {vocab_size} leaves no room beside the 256 byte pieces; use at least 300")
         if len(chars) > room:
             rare = {ord(c): " " for c, _ in chars.most_common()[room:]}
