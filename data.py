@@ -123,6 +123,8 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     characters fall back to, and when the rest cannot hold every character, only the most frequent get their own."""
     if written := [f"{model_prefix}.{ext}" for ext in ("model", "vocab") if os.path.lexists(f"{model_prefix}.{ext}")]:
         raise DataError(f"{written[0]} exists: a tokenizer is not trained over it; remove it, or choose another name")
+    if vocab_size < 300:  # (with fewer, too few characters are kept: at 263 and 264 SentencePiece's own error)
+        raise DataError(f"vocab_size {vocab_size} leaves no room beside the 256 byte pieces; use at least 300")
     langs = corpus_files(files)
     lines = line_counts([p for paths in langs.values() for p in paths])
     counts = {lang: sum(lines[p][0] for p in paths) for lang, paths in langs.items()}
@@ -149,8 +151,6 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
                 out.writelines(part + "\n" for line in reservoir for part in in_parts(line))
                 chars.update("".join(reservoir))
         room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
-        if vocab_size < 300:  # (with fewer, too few characters are kept: at 263 and 264 SentencePiece's own error)
-            raise DataError(f"vocab_size {vocab_size} leaves no room beside the 256 byte pieces; use at least 300")
         if len(chars) > room:
             rare = {ord(c): " " for c, _ in chars.most_common()[room:]}
             kept = os.path.join(tmp, "kept.txt")
