@@ -316,12 +316,28 @@ def from_checkpoint(path):
     however many wrote them), every file checked first."""
     info = read_checkpoint_info(path)
     try:
-        model = MaskedLM(ModelConfig(**info["config"]))
+        held = read_metadata(path).state_dict_metadata  # (its "model." items: the weights)
+        shapes = {k.removeprefix("model."): tuple(v.size) for k, v in held.items() if k.startswith("model.")}
+        model = MaskedLM(_fitting(ModelConfig(**info["config"]), shapes))
         shards({"model": model.state_dict()}, path)
     except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
         raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
     check_finite(path, model.state_dict())
     return model
+
+
+def _fitting(config, shapes):
+    """`config` if its MaskedLM has exactly the weights of `shapes` ({name: shape}), found before the model is built:
+    a crafted config would take the memory of whatever sizes it names. Built on the meta device (which allocates
+    nothing) once its last layers are among `shapes`: a million layers would take an hour to build even there."""
+    for layers, n in (("encoder.layers", config.num_layers), ("pretraining_layers", config.pretraining_only_layers)):
+        if n and f"{layers}.{n - 1}.output.weight" not in shapes:
+            raise ValueError(f"it names {n} {layers.replace('.', ' ').replace('_', '-')}, more than its shards hold")
+    with torch.device("meta"):
+        named = {name: tuple(t.shape) for name, t in MaskedLM(config).state_dict().items()}
+    if name := min((k for k in named.keys() | shapes.keys() if named.get(k) != shapes.get(k)), default=None):
+        raise ValueError(f"{name}: {named.get(name, 'none')} in it, {shapes.get(name, 'none')} in the shards")
+    return config
 
 
 # A run's --out-dir, pre-training's and fine-tuning's alike
@@ -653,7 +669,13 @@ def from_hf(path, cls=MaskedLM):
     google/rembert, weights in one file), each weight checked: there, of the shape, finite. A pooler (RemBertForMaskedLM
     saves none) or MLM head (the released checkpoint has none) that is not there keeps its initialisation."""
     config, state = _read_hf(path)
-    model = cls(config)
+    # config.json against the weights before the model is built, which takes the memory of whatever sizes it names:
+    # its last layer first (a million layers take an hour to build even on the meta device), then every weight's
+    # name and shape on a model of the meta device, which allocates nothing.
+    if (last := hf_name(f"layers.{config.num_layers - 1}.output.weight")) not in state:
+        raise DataError(f"{path}: config.json says {config.num_layers} layers, but it holds no {last}")
+    with torch.device("meta"):
+        model = cls(config)
     encoder, prefix = (model, "") if cls is Encoder else (model.encoder, "encoder.")
     names = {prefix + name: hf_name(name) for name in encoder.state_dict()}
     if unused := sorted(k for k in state if k.startswith("encoder.layer.") and k not in names.values()):
@@ -677,7 +699,7 @@ def from_hf(path, cls=MaskedLM):
             names |= head
         else:
             warnings.warn(f"{path} has no masked-LM head (cls.predictions.*): the head is freshly initialised")
-    own = model.state_dict()  # (detached: copied into in place, without autograd)
+    own = model.state_dict()
     for ours, theirs in names.items():
         if theirs not in state:
             raise DataError(f"{path}: the checkpoint has no {theirs}")
@@ -685,6 +707,9 @@ def from_hf(path, cls=MaskedLM):
             raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
                             f"{ours} needs {tuple(own[ours].shape)}")
         check_finite(path, {theirs: state[theirs]})
+    model = cls(config)  # then for real
+    own = model.state_dict()  # (detached: copied into in place, without autograd)
+    for ours, theirs in names.items():
         own[ours].copy_(state[theirs])
     if cls is MaskedLM and config.tie_embeddings and not torch.equal(model.head.decoder.weight,
                                                                      state["embeddings.word_embeddings.weight"]):

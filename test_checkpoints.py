@@ -171,6 +171,14 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
     with pytest.raises(DataError, match="says 2 layers, but it also holds encoder.layer.2"):
         from_hf(tmp_path, Encoder)
+    # A config.json naming sizes its weights do not have is refused before a model of those sizes is built: a
+    # million layers would take an hour, and an embedding of 10^13 rows more memory than any machine's address space.
+    for crafted, message in (({"num_hidden_layers": 10 ** 6}, "says 1000000 layers, but it holds no encoder.layer.9"),
+                             ({"vocab_size": 10 ** 13}, r"word_embeddings.weight has shape \(\d+, \d+\), .* needs "
+                                                        r"\(10000000000000, ")):
+        (tmp_path / "config.json").write_text(json.dumps({**config, **crafted}))
+        with pytest.raises(DataError, match=message):
+            from_hf(tmp_path, Encoder)
     (tmp_path / "config.json").write_text(json.dumps(config)[:-1] + ', "num_hidden_layers": 2}')  # a key twice
     with pytest.raises(DataError, match="config.json: duplicate key 'num_hidden_layers'"):
         from_hf(tmp_path, Encoder)

@@ -27,7 +27,7 @@ import runtime as runtimes
 from configs import CONFIGS
 from data import MLMLoader, Tokenizer, train_tokenizer
 from checkpoints import DataError, read_metadata, sha256
-from model import MaskedLM
+from model import MaskedLM, ModelConfig
 
 REPO = Path(__file__).parent
 XLA_VENV = Path(os.environ.get("REMBERT_XLA_VENV", Path.home() / ".cache" / "rembert-xla-venv"))
@@ -744,6 +744,25 @@ def test_a_crafted_checkpoint_runs_nothing_and_is_refused_by_name(tokenizer, tmp
     with pytest.raises(DataError, match=r"ckpt-00000006: the weights do not fit the saved config: .*decoder.bias"):
         checkpoints.from_checkpoint(str(other))
     assert not marker.exists()
+
+
+def test_a_config_that_does_not_describe_the_shards_is_refused_before_its_model_is_built(tokenizer, tmp_path):
+    """checkpoint.json's config against the shards' shapes, before the model is built: fewer layers than the shards
+    hold (read before as a shorter model, silently), a million (an hour to build, and its memory), an embedding of
+    10^13 rows (more than any address space)."""
+    run(tokenizer, tmp_path / "run", "--steps", "2", "--checkpoint-every", "2", "--pretraining-only-layers", "1")
+    path = tmp_path / "run" / "ckpt-00000002"
+    config = json.loads((path / "checkpoint.json").read_text())["config"]
+    for crafted, message in (({"num_layers": 1}, r"encoder.layers.1.attention.key.bias: none in it, \(128,\) in"),
+                             ({"pretraining_only_layers": 0}, r"pretraining_layers.0.attention.key.bias: none in it"),
+                             ({"num_layers": 10 ** 6}, "it names 1000000 encoder layers, more than its shards hold"),
+                             ({"vocab_size": 10 ** 13}, r"word_embeddings.weight: \(10000000000000, 64\) in it, "
+                                                        r"\(500, 64\) in the shards")):
+        rewrite_info(path, config={**config, **crafted})
+        with pytest.raises(DataError, match=f"ckpt-00000002: the weights do not fit the saved config: .*{message}"):
+            checkpoints.from_checkpoint(str(path))
+    rewrite_info(path, config=config)
+    assert checkpoints.from_checkpoint(str(path)).config == ModelConfig(**config)
 
 
 def test_checkpoint_json_is_checked_and_a_damaged_checkpoint_is_set_aside_under_a_free_name(tokenizer, tmp_path,
