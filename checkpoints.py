@@ -258,16 +258,18 @@ def read_metadata(path):
         raise DataError(f"{where}: refused: it points outside the checkpoint's folder")
     if any(getattr(s, "transform_descriptors", None) for s in metadata.storage_data.values()):
         raise DataError(f"{where}: refused: its items are compressed or transformed, as pretrain.py never writes")
+    unread = sum(sizes.values())  # (the tensors' bytes, together, are in the folder's files: no two share them)
     for name, item in metadata.state_dict_metadata.items():
         try:  # every element in one chunk, each chunk's bytes in its file
             boxes = [list(zip(c.offsets, c.sizes, item.size, strict=True)) for c in item.chunks]
             stored = [metadata.storage_data[MetadataIndex(name, c.offsets)] for c in item.chunks]
             numel = math.prod(item.size)
+            unread -= numel * item.properties.dtype.itemsize
             # What is cheap first: chunks inside the tensor that add up to it, a tensor no larger than the folder's
             # bytes. That bounds the grid of the chunks' edges below, its cells and the counting, by those bytes.
             exact = all(0 <= a and 0 <= n and a + n <= d for box in boxes for a, n, d in box) \
                 and sum(math.prod(n for _, n, _ in box) for box in boxes) == numel \
-                and numel * item.properties.dtype.itemsize <= sum(sizes.values()) \
+                and unread >= 0 \
                 and all(0 <= s.offset and 0 <= s.length <= sizes[s.relative_path] - s.offset for s in stored)
             if exact:  # then no two chunks overlap: each cell of the grid is in one
                 edges = [sorted({0, d, *(b[i][0] for b in boxes), *(sum(b[i][:2]) for b in boxes)})
@@ -318,25 +320,29 @@ def from_checkpoint(path):
     try:
         held = read_metadata(path).state_dict_metadata  # (its "model." items: the weights)
         shapes = {k.removeprefix("model."): tuple(v.size) for k, v in held.items() if k.startswith("model.")}
-        model = MaskedLM(_fitting(ModelConfig(**info["config"]), shapes))
+        model = MaskedLM(_fitting(path, ModelConfig(**info["config"]), shapes))
         shards({"model": model.state_dict()}, path)
+    except DataError:
+        raise
     except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
         raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
     check_finite(path, model.state_dict())
     return model
 
 
-def _fitting(config, shapes):
-    """`config` if its MaskedLM has exactly the weights of `shapes` ({name: shape}), found before the model is built:
-    a crafted config would take the memory of whatever sizes it names. Built on the meta device (which allocates
-    nothing) once its last layers are among `shapes`: a million layers would take an hour to build even there."""
-    for layers, n in (("encoder.layers", config.num_layers), ("pretraining_layers", config.pretraining_only_layers)):
-        if n and f"{layers}.{n - 1}.output.weight" not in shapes:
-            raise ValueError(f"it names {n} {layers.replace('.', ' ').replace('_', '-')}, more than its shards hold")
+def _fitting(path, config, shapes):
+    """`config` if its MaskedLM has exactly the weights of `shapes` ({name: shape}, the shards'), found before the model
+    is built: a crafted config would take the memory of whatever sizes it names. Its layers first: a model of a
+    million would take an hour to build even on the meta device, which allocates nothing, where the rest is checked."""
+    wrong = f"{path}: the weights do not fit the saved config"
+    for layers, n, what in (("encoder.layers", config.num_layers, "layers"),
+                            ("pretraining_layers", config.pretraining_only_layers, "pre-training-only layers")):
+        if (held := {int(m[1]) for k in shapes if (m := re.match(rf"{layers}\.(\d+)\.", k))}) != set(range(n)):
+            raise DataError(f"{wrong}: it names {n} {what}, the shards hold {len(held)}")
     with torch.device("meta"):
         named = {name: tuple(t.shape) for name, t in MaskedLM(config).state_dict().items()}
     if name := min((k for k in named.keys() | shapes.keys() if named.get(k) != shapes.get(k)), default=None):
-        raise ValueError(f"{name}: {named.get(name, 'none')} in it, {shapes.get(name, 'none')} in the shards")
+        raise DataError(f"{wrong}: {name} is {named.get(name, 'none')} in it, {shapes.get(name, 'none')} in the shards")
     return config
 
 
@@ -670,27 +676,21 @@ def from_hf(path, cls=MaskedLM):
     saves none) or MLM head (the released checkpoint has none) that is not there keeps its initialisation."""
     config, state = _read_hf(path)
     # config.json against the weights before the model is built, which takes the memory of whatever sizes it names:
-    # its last layer first (a million layers take an hour to build even on the meta device), then every weight's
-    # name and shape on a model of the meta device, which allocates nothing.
-    if (last := hf_name(f"layers.{config.num_layers - 1}.output.weight")) not in state:
-        raise DataError(f"{path}: config.json says {config.num_layers} layers, but it holds no {last}")
+    # its layers first (a model of a million would take an hour to build even on the meta device), then every
+    # weight's name and shape on a model of the meta device, which allocates nothing.
+    if (held := {int(m[1]) for k in state if (m := re.match(r"encoder\.layer\.(\d+)\.", k))}) != set(
+            range(config.num_layers)):
+        raise DataError(f"{path}: config.json says {config.num_layers} layers, but its weights hold {len(held)}")
     with torch.device("meta"):
         model = cls(config)
     encoder, prefix = (model, "") if cls is Encoder else (model.encoder, "encoder.")
     names = {prefix + name: hf_name(name) for name in encoder.state_dict()}
     if unused := sorted(k for k in state if k.startswith("encoder.layer.") and k not in names.values()):
-        raise DataError(f"{path}: config.json says {config.num_layers} layers, but it also holds {unused[0]}")
+        raise DataError(f"{path}: {unused[0]} is no weight of a RemBERT layer")
     if "pooler.dense.weight" not in state:  # as transformers does: the pooler keeps its initialisation
         names = {ours: theirs for ours, theirs in names.items() if not theirs.startswith("pooler.")}
         if cls is Encoder:  # (the MLM uses no pooler)
             warnings.warn(f"{path} has no pooler: it keeps its fresh initialisation")
-    if config.input_embedding_size == config.hidden_size:
-        # transformers always projects E_in to H, this model not when E_in == H: the same only for the identity.
-        H = config.hidden_size
-        weight, bias = (state.get(hf_name(f"embedding_projection.{p}"), torch.empty(0)) for p in ("weight", "bias"))
-        if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
-            raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
-                            f"the identity; this implementation has no projection when E_in == H")
     if cls is MaskedLM:
         head = {name: hf_name(name, _HF_HEAD) for name in model.state_dict() if name.startswith("head.")}
         if config.tie_embeddings and head["head.decoder.weight"] not in state:  # transformers 4 saves it once
@@ -707,6 +707,13 @@ def from_hf(path, cls=MaskedLM):
             raise DataError(f"{path}: {theirs} has shape {tuple(state[theirs].shape)}, "
                             f"{ours} needs {tuple(own[ours].shape)}")
         check_finite(path, {theirs: state[theirs]})
+    if config.input_embedding_size == config.hidden_size:  # (H checked: the word embeddings are E_in wide)
+        # transformers always projects E_in to H, this model not when E_in == H: the same only for the identity.
+        H = config.hidden_size
+        weight, bias = (state.get(hf_name(f"embedding_projection.{p}"), torch.empty(0)) for p in ("weight", "bias"))
+        if not (torch.equal(weight, torch.eye(H).to(weight)) and torch.equal(bias, torch.zeros(H).to(bias))):
+            raise DataError(f"{path}: input_embedding_size == hidden_size, but its E_in -> H projection is not "
+                            f"the identity; this implementation has no projection when E_in == H")
     model = cls(config)  # then for real
     own = model.state_dict()  # (detached: copied into in place, without autograd)
     for ours, theirs in names.items():

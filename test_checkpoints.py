@@ -169,16 +169,20 @@ def test_a_checkpoint_that_disagrees_with_its_config_is_refused(tmp_path):
         from_hf(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
-    with pytest.raises(DataError, match="says 2 layers, but it also holds encoder.layer.2"):
+    with pytest.raises(DataError, match="says 2 layers, but its weights hold 3"):
         from_hf(tmp_path, Encoder)
     # A config.json naming sizes its weights do not have is refused before a model of those sizes is built: a
     # million layers would take an hour, and an embedding of 10^13 rows more memory than any machine's address space.
-    for crafted, message in (({"num_hidden_layers": 10 ** 6}, "says 1000000 layers, but it holds no encoder.layer.9"),
+    for crafted, message in (({"num_hidden_layers": 10 ** 6}, "says 1000000 layers, but its weights hold 3"),
                              ({"vocab_size": 10 ** 13}, r"word_embeddings.weight has shape \(\d+, \d+\), .* needs "
                                                         r"\(10000000000000, ")):
         (tmp_path / "config.json").write_text(json.dumps({**config, **crafted}))
         with pytest.raises(DataError, match=message):
             from_hf(tmp_path, Encoder)
+    save_file({"encoder.layer.999999.output.dense.weight": torch.zeros(1)}, tmp_path / "model.safetensors")  # alone
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10 ** 6}))
+    with pytest.raises(DataError, match="says 1000000 layers, but its weights hold 1"):
+        from_hf(tmp_path, Encoder)
     (tmp_path / "config.json").write_text(json.dumps(config)[:-1] + ', "num_hidden_layers": 2}')  # a key twice
     with pytest.raises(DataError, match="config.json: duplicate key 'num_hidden_layers'"):
         from_hf(tmp_path, Encoder)
@@ -385,6 +389,27 @@ def test_metadata_whose_chunks_do_not_cover_each_tensor_once_inside_its_file_is_
     for path in (["__0_0.distcp"], {"a": 1}, "../outside"):  # (a list or a dict raised TypeError: unhashable)
         with pytest.raises(DataError, match=r"/\.metadata: refused: it points outside the checkpoint's folder"):
             read_metadata(crafted(relative_path=path))
+
+
+def test_metadata_whose_tensors_together_hold_more_than_the_folder_is_refused(tmp_path):
+    """Tensors that all read the same bytes, each no larger than the folder but together larger: a config of their
+    shapes would be built, in memory, at many times the folder's size."""
+    import pickle
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import MetadataIndex
+    from checkpoints import read_metadata
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (one process, no process group)
+        dcp.save({"w": torch.zeros(256, 256)}, checkpoint_id=str(tmp_path), no_dist=True)
+    metadata = pickle.loads((tmp_path / ".metadata").read_bytes())
+    for copy in ("v", "u", "t"):
+        metadata.state_dict_metadata[copy] = metadata.state_dict_metadata["w"]
+        metadata.storage_data[MetadataIndex(copy, torch.Size([0, 0]))] = metadata.storage_data[
+            MetadataIndex("w", torch.Size([0, 0]))]
+    (tmp_path / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(DataError, match=r"/\.metadata: refused: its chunks do not cover [tuvw] exactly once, each "
+                                        r"inside its file"):
+        read_metadata(str(tmp_path))
 
 
 def test_metadata_that_sets_state_on_a_class_or_names_what_the_library_never_writes_is_refused(tmp_path):
