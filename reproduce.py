@@ -78,7 +78,8 @@ PRESETS = {
                 finetune_batch=16, finetune_seq_len=96, max_train=0, max_eval=0, probe_pairs=0, seeds=2,
                 loader_workers=0),
     # 24.6M tokens per model (7.5 times the cpu preset's), the loader in 4 worker processes to keep up with the
-    # GPU. On one H200 a model took 3.4 minutes (137 s of it pre-training): the whole preset about 31 minutes.
+    # GPU. On one H200, a model's run took 2.5 minutes (137 s of it pre-training) after a set-up of 47 s: the
+    # whole preset about 31 minutes, estimated from it (docs/performance.md).
     "gpu": dict(hidden=256, layers=6, heads=4, small=64, extra_layers=6, vocab=16000, seq_len=128, batch_size=128,
                 steps=1500, warmup=300, lr=5e-4, eval_every=250, eval_batches=20, finetune_lr=1e-3, epochs=3,
                 finetune_batch=32, finetune_seq_len=96, max_train=0, max_eval=0, probe_pairs=0, seeds=2,
