@@ -23,7 +23,9 @@ checked at each log line, and the weights before each checkpoint, so no checkpoi
 """
 
 import contextlib
+import hashlib
 import itertools
+import json
 import math
 import os
 import time
@@ -45,8 +47,9 @@ class TrainConfig:
     config: str = flag("tiny", f"model from configs.py: {', '.join(CONFIGS)}", one_of(CONFIGS))
     data: str = flag("sample_data", "a text file or a directory of *.txt files (its folders' too), one sentence per "
                                     "line, a blank line between documents", GIVEN)
-    tokenizer: str = flag("out/tokenizer/spm.model", "SentencePiece model; trained on --data with the config's "
-                          "vocab_size if missing", (lambda v: v.endswith(".model"), "a file name ending in .model"))
+    tokenizer: str = flag("", "SentencePiece model, trained on --data with the config's vocab_size if missing "
+                              "(default: out/tokenizer/spm-VOCAB-DIGEST.model, one for each corpus and vocab_size)",
+                          (lambda v: v == "" or v.endswith(".model"), "a file name ending in .model"))
     out_dir: str = flag("out/pretrain", "where checkpoints go", GIVEN)
     device: str = flag("auto", "auto | cpu | cuda | xla", DEVICE)
     fsdp: bool = flag(False, "shard weights, gradients and AdamW's state over the processes (FSDP2 under torchrun; "
@@ -204,7 +207,9 @@ def build_training(model_config, cfg, runtime, folder, log):
     """(cfg, tokenizer, the model, the model on the processes, AdamW, the loader): a new run's, or with the
     tokenizer of the checkpoint it resumes."""
     resumed = folder.newest()  # (path, checkpoint.json) with --resume, or None
-    tokenizer = ensure_tokenizer(cfg, model_config, runtime, log, resumed and resumed[0])
+    files = [p for paths in corpus_files(cfg.data).values() for p in paths]
+    lines = runtime.on_main(lambda: line_counts(files))  # the corpus read once
+    tokenizer = ensure_tokenizer(cfg, model_config, runtime, log, lines, resumed and resumed[0])
     cfg = replace(cfg, tokenizer=tokenizer.model_file)
     log(f"model config: {asdict(model_config)}\ntrain config: {asdict(cfg)}")
     if resumed and cfg.steps != resumed[1]["train_config"]["steps"]:  # --steps may grow
@@ -213,8 +218,6 @@ def build_training(model_config, cfg, runtime, folder, log):
     if cfg.max_predictions < round(0.15 * cfg.seq_len):  # create_pretraining_data.py's cap, the same
         log(f"note: --max-predictions {cfg.max_predictions} masks {cfg.max_predictions / cfg.seq_len:.1%} of "
             f"--seq-len {cfg.seq_len}, not BERT's 15% ({round(0.15 * cfg.seq_len)} pieces)")
-    files = [p for paths in corpus_files(cfg.data).values() for p in paths]
-    lines = runtime.on_main(lambda: line_counts(files))  # the corpus read once
 
     torch.manual_seed(cfg.seed)  # the same initial weights in every process
     raw_model = MaskedLM(model_config).to(runtime.device)
@@ -232,20 +235,26 @@ def build_training(model_config, cfg, runtime, folder, log):
     return cfg, tokenizer, raw_model, model, optimizer, loader
 
 
-def ensure_tokenizer(cfg, model_config, runtime, log, resumed=None):
+def ensure_tokenizer(cfg, model_config, runtime, log, lines, resumed=None):
     """The tokenizer of the checkpoint `resumed` (--tokenizer, if it names a file, must be that one), or else the
-    --tokenizer, trained on --data by the main process if it is not there yet; checked against the model."""
+    --tokenizer, trained on --data by the main process if it is not there yet; checked against the model. By default,
+    one for each corpus (its files' languages and line_counts digests) and vocab_size: another --data never reuses
+    the tokenizer of the last."""
     if resumed:
         named = os.path.exists(cfg.tokenizer)
         tokenizer = tokenizer_for(resumed, cfg.tokenizer if named else "")
         if not named:  # (the default, run from another directory): the checkpoint's, never a new one
             log(f"--resume: {resumed}'s tokenizer, {tokenizer.model_file}")
     else:
-        if not runtime.gather_object(os.path.exists(cfg.tokenizer))[0]:  # rank 0 decides: every process waits alike
-            log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {cfg.tokenizer}")
-            prefix = cfg.tokenizer.removesuffix(".model")
-            runtime.on_main(lambda: train_tokenizer(cfg.data, model_config.vocab_size, prefix))
-        tokenizer = Tokenizer(cfg.tokenizer)
+        path = cfg.tokenizer
+        if not path:  # (the default: the corpus's, by its files' languages and digests, and the vocab_size's)
+            corpus = sorted((lang, lines[p][1]) for lang, paths in corpus_files(cfg.data).items() for p in paths)
+            key = hashlib.sha256(json.dumps([model_config.vocab_size, corpus]).encode()).hexdigest()[:12]
+            path = f"out/tokenizer/spm-{model_config.vocab_size}-{key}.model"
+        if not runtime.gather_object(os.path.exists(path))[0]:  # rank 0 decides: every process waits alike
+            log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {path}")
+            runtime.on_main(lambda: train_tokenizer(cfg.data, model_config.vocab_size, path.removesuffix(".model")))
+        tokenizer = Tokenizer(path)
     if tokenizer.vocab_size > model_config.vocab_size:
         raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
                         f"{model_config.vocab_size}; pass --vocab-size {tokenizer.vocab_size}")

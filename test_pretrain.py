@@ -400,8 +400,22 @@ def test_every_process_waits_for_the_tokenizer_rank_0_trains(tokenizer):
             self.barriers += 1
     runtime = Rank1()
     model_config, cfg = pretrain.parse_args(tiny_args(tokenizer, "unused"))
-    pretrain.ensure_tokenizer(cfg, model_config, runtime, print)
+    pretrain.ensure_tokenizer(cfg, model_config, runtime, print, lines=None)  # (lines: for the default's name)
     assert runtime.barriers == 1  # else rank 0's barrier would meet rank 1's next collective
+
+
+def test_the_default_tokenizer_is_one_for_each_corpus_and_vocabulary(tmp_path, monkeypatch, capsys):
+    """Without --tokenizer, a run trains the tokenizer of its corpus and vocab_size once: another --data never reuses
+    the last run's (it did, with one note: a Korean corpus was read with the sample corpus's pieces)."""
+    monkeypatch.chdir(tmp_path)
+    for data, out in (("en.txt", "a"), ("de.txt", "b"), ("en.txt", "c")):
+        pretrain.main(["--data", str(REPO / "sample_data" / data), "--out-dir", out, "--vocab-size", "400",
+                       "--seq-len", "32", "--max-predictions", "5", "--batch-size", "4", "--steps", "2", "--warmup",
+                       "1", "--device", "cpu"])
+    assert capsys.readouterr().out.count("training a 400-piece SentencePiece tokenizer") == 2
+    used = {out: json.loads((tmp_path / out / "ckpt-00000002" / "checkpoint.json").read_text())["tokenizer"]["path"]
+            for out in "abc"}
+    assert used["a"] == used["c"] != used["b"] and len(list((tmp_path / "out" / "tokenizer").glob("*.model"))) == 2
 
 
 def test_checkpoint_from_another_config_is_refused(tokenizer, tmp_path):
