@@ -464,6 +464,8 @@ def main(argv=None):
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     if p.max_train and p.max_eval:
         cfg.panx = first_sentences(p, cfg.panx, os.path.join(cfg.out_dir, "panx"))  # (our copy: not checked as --panx)
+    if not os.path.exists(results_path):  # the setup before the tokenizer: a start stopped before its first run
+        write_json(results_path, stored)  # resumes as itself, never as another preset with this tokenizer
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):  # (the quick preset's from fewer lines: its time is mostly this)
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"),

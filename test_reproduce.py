@@ -11,6 +11,7 @@ import torch
 
 import data
 import reproduce
+from checkpoints import DataError
 from configs import run_script
 
 REPO = Path(__file__).parent
@@ -133,6 +134,24 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, cap
         assert (out / figure).read_bytes()[:4] == b"\x89PNG"
     reproduce.main(command)
     assert "[1/" not in capsys.readouterr().out  # every run was done: nothing runs again
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
+def test_a_start_stopped_before_its_first_run_is_resumed_by_its_own_preset_alone(tmp_path, monkeypatch):
+    """Ctrl-C while the tokenizer trains: the setup is recorded first, so that another preset started in that
+    --out-dir is refused (it ran, with the first preset's tokenizer of another size, without a word)."""
+    class Stopped(Exception):  # (a KeyboardInterrupt would stop pytest too, where the second start trains)
+        pass
+
+    def stopped(*args, **kwargs):
+        raise Stopped
+    monkeypatch.setattr(reproduce.data, "train_tokenizer", stopped)
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    with pytest.raises(Stopped):
+        reproduce.main(["--quick", "--out-dir", str(out), "--data", str(SHARED / "corpus"), *TASKS])
+    with pytest.raises(DataError, match="results.json holds results of another preset or other data"):
+        reproduce.main(["--device", "cpu", "--out-dir", str(out), "--data", str(SHARED / "corpus"), *TASKS])
 
 
 def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path, capsys):
