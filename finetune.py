@@ -309,6 +309,8 @@ def encoder_and_tokenizer(cfg, log):
     cfg = with_defaults(cfg, base.config, log)
     if cfg.seq_len > base.config.max_position_embeddings:
         raise DataError(f"--seq-len {cfg.seq_len}: the encoder has {base.config.max_position_embeddings} positions")
+    if TASKS[cfg.task].kind != "tagging" and base.config.type_vocab_size < 2:  # (a pair's second text: segment 1)
+        raise DataError(f"{cfg.init or 'the encoder'}: type_vocab_size 1, but {cfg.task}'s pairs take 2 segment types")
     log(f"finetune config: {asdict(cfg)}")
     tokenizer = data.tokenizer_for(cfg.init, cfg.tokenizer) if cfg.init else data.Tokenizer(cfg.tokenizer)
     if tokenizer.vocab_size > base.config.vocab_size:
@@ -327,10 +329,13 @@ def build_model(task, encoder, dropout):
     return SpanExtractor(encoder)
 
 
-def save_finetuned(model, cfg, tokenizer_file, path):
+def save_finetuned(model, cfg, tokenizer, path):
     """transformers' RemBertFor... layout, the tokenizer, then finetune.json: a directory with it is complete."""
     save_hf(model, path)
-    shutil.copyfile(tokenizer_file, os.path.join(path, "sentencepiece.model"))
+    shutil.copyfile(tokenizer.model_file, os.path.join(path, "sentencepiece.model"))
+    if sha256(os.path.join(path, "sentencepiece.model")) != tokenizer.sha256:  # (replaced while the run trained)
+        raise DataError(f"{tokenizer.model_file} is not the tokenizer this run read at its start: not saved with the "
+                        f"model; put that one back and pass --resume")
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
     info["sha256"] = {n: sha256(os.path.join(path, n)) for n in SAVED[:-1]}
     info["sha256"]["finetune.json"] = settings_digest(info)  # its own settings
@@ -678,8 +683,8 @@ def fine_tune_and_evaluate(cfg, task, base, tokenizer, english, evals, lr, seed,
         scores[lang] = {m: result[m] for m in task.metrics}
     scores["average"] = average(list(scores.values()))
     evaluate.print_table(f"{cfg.task}, lr {lr!r}, seed {seed}", scores, log)
-    if runtime.is_main:  # the model, then scores.json (written last: the run is done), then no state
-        save_finetuned(model.cpu(), cfg, tokenizer.model_file, where)
+    # The model (a refusal stops every process), then scores.json (written last: the run is done), then no state.
+    runtime.on_main(lambda: save_finetuned(model.cpu(), cfg, tokenizer, where))
     folder.record(part, scores)
     log(f"saved the fine-tuned model to {where}")
     return scores

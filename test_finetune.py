@@ -259,6 +259,41 @@ def test_a_tokenizer_other_than_the_encoders_is_refused(files, hf_dir, tmp_path)
             "--eval", root / "dev-pairs-en.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
 
 
+def test_a_tokenizer_replaced_while_the_run_trained_is_not_saved_with_the_model(files, tmp_path, monkeypatch):
+    """The tokenizer is copied beside the model as the run ends: a file replaced meanwhile was saved with the model
+    under its own digest, and predict read the model with it."""
+    root, spm = files
+    mine, other = tmp_path / "spm.model", data.train_tokenizer([str(root / "corpus.txt")], VOCAB - 100,
+                                                                 str(tmp_path / "other"))
+    shutil.copy(spm, mine)
+    trained = finetune.train
+
+    def train_then_replace(*args, **kwargs):
+        trained(*args, **kwargs)
+        shutil.copy(other, mine)
+    monkeypatch.setattr(finetune, "train", train_then_replace)
+    with pytest.raises(DataError, match="spm.model is not the tokenizer this run read at its start: not saved"):
+        run("--task", "xnli", "--config", "tiny", "--tokenizer", mine, "--train", root / "pairs-en.tsv", "--eval",
+            root / "dev-pairs-en.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
+    assert not list((tmp_path / "run").glob("lr-*/seed-*/finetune.json"))  # no model that claims to be complete
+
+
+def test_an_encoder_of_one_segment_type_is_refused_for_a_task_of_pairs(files, hf_dir, tmp_path):
+    """A premise and its hypothesis, or a question and its context, are segments 0 and 1: an encoder of
+    type_vocab_size 1 stopped in torch.embedding with IndexError's traceback."""
+    root, _ = files
+    one = shutil.copytree(hf_dir, tmp_path / "one")
+    weights = load_file(one / "model.safetensors")
+    weights["embeddings.token_type_embeddings.weight"] = weights["embeddings.token_type_embeddings.weight"][:1]
+    save_file(weights, one / "model.safetensors")
+    config = json.loads((one / "config.json").read_text())
+    (one / "config.json").write_text(json.dumps({**config, "type_vocab_size": 1}))
+    for task, train in (("xnli", "pairs-en.tsv"), ("xquad", "squad-en.json")):
+        with pytest.raises(DataError, match=f"one: type_vocab_size 1, but {task}'s pairs take 2 segment types"):
+            run("--task", task, "--init", one, "--train", root / train, "--eval", root / f"dev-{train}",
+                "--out-dir", tmp_path / task, *SMALL_ARGS)
+
+
 def test_files_without_labels_are_refused_by_file_and_line(files, tmp_path):
     root, spm = files
     (tmp_path / "pairs-de.tsv").write_text("Die Katze sitzt.\tEine Katze.\n")  # a prediction input, no labels
