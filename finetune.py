@@ -39,7 +39,7 @@ import data
 import evaluate
 from configs import (CONFIGS, DEVICE, FRACTION, GIVEN, POSITIVE, SEED, at_least, check_flags, flag, one_of,
                      parse_command_line, run_script)
-from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, check_digests, check_finite, from_checkpoint, from_hf,
+from checkpoints import (CHECKPOINT_INFO, DataError, RunFolder, check_finite, from_checkpoint, from_hf,
                          read_json, save_hf, sha256, write_file, write_json)
 from model import Encoder, SequenceClassifier, SpanExtractor, TokenClassifier
 from pretrain import build_optimizer, lr_at, weights_are_sound
@@ -365,8 +365,7 @@ def load_finetuned(path):
     if digests.pop("finetune.json") != settings_digest(info):
         raise DataError(f"{os.path.join(path, 'finetune.json')}: damaged or edited (its settings' SHA-256 is not the "
                         f"one saved with them)")
-    check_digests(path, digests)
-    model = build_model(task, from_hf(path, Encoder), dropout=0.0)
+    model = build_model(task, from_hf(path, Encoder), dropout=0.0)  # (its files checked with their digests first)
     try:  # the head's weights alone (from_hf read the rest)
         with safe_open(os.path.join(path, "model.safetensors"), "pt") as f:
             head = {n: f.get_tensor(n) for n in model.state_dict() if not n.startswith("encoder.")}

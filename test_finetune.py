@@ -27,6 +27,7 @@ import finetune
 from configs import parse_command_line, run_script
 from evaluate import CLASSIFICATION_LABELS, MLQA_LANGUAGES, TAGGING_LABELS
 from checkpoints import DataError
+from model import Encoder
 
 REPO = Path(__file__).parent
 SHARED = REPO.parent / "shared" / "data"
@@ -587,6 +588,8 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
     (saved / "model.safetensors").write_bytes(raw[:-8] + bytes(8))  # the last weights: still a readable file
     with pytest.raises(DataError, match=r"seed-0/model.safetensors: damaged"):
         finetune.load_finetuned(saved)
+    with pytest.raises(DataError, match=r"seed-0/model.safetensors: damaged"):  # as --init, translation-probe read it
+        checkpoints.from_hf(saved, Encoder)
     (saved / "model.safetensors").write_bytes(raw)
     config = (saved / "config.json").read_text()  # another head count: the same shapes, other outputs
     (saved / "config.json").write_text(config.replace('"num_attention_heads": 2', '"num_attention_heads": 4'))
