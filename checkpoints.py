@@ -730,11 +730,11 @@ def _read_hf(path):
     finetune.py, its files are checked first with the SHA-256 that its finetune.json holds (safetensors has none)."""
     import safetensors.torch
     if os.path.lexists(record := os.path.join(path, "finetune.json")):
+        saved = ("config.json", "model.safetensors", "sentencepiece.model")  # (no other name is opened)
         digests = info.get("sha256") if isinstance(info := read_json(record), dict) else None
-        if not isinstance(digests, dict):
-            raise DataError(f"{record}: damaged (no digests of the model's files)")
-        check_digests(path, {n: d for n, d in digests.items() if n in ("config.json", "sentencepiece.model",
-                                                                        *_HF_WEIGHTS)})  # (no other name is opened)
+        if not (isinstance(digests, dict) and set(saved) <= digests.keys()):
+            raise DataError(f"{record}: damaged (not the digests of {', '.join(saved)})")
+        check_digests(path, {name: digests[name] for name in saved})
     hf = read_json(os.path.join(path, "config.json"))  # (a key twice: refused, not the last one kept)
     try:
         hf = {"hidden_dropout_prob": 0.0, **hf}  # a missing key: transformers' default

@@ -27,7 +27,6 @@ import json
 import math
 import os
 import re
-import shutil
 import sys
 import time
 import warnings
@@ -331,11 +330,13 @@ def build_model(task, encoder, dropout):
 
 def save_finetuned(model, cfg, tokenizer, path):
     """transformers' RemBertFor... layout, the tokenizer, then finetune.json: a directory with it is complete."""
-    save_hf(model, path)
-    shutil.copyfile(tokenizer.model_file, os.path.join(path, "sentencepiece.model"))
-    if sha256(os.path.join(path, "sentencepiece.model")) != tokenizer.sha256:  # (replaced while the run trained)
+    with data.open_input(tokenizer.model_file) as f:
+        spm_model = f.read()
+    if hashlib.sha256(spm_model).hexdigest() != tokenizer.sha256:  # (replaced while the run trained)
         raise DataError(f"{tokenizer.model_file} is not the tokenizer this run read at its start: not saved with the "
                         f"model; put that one back and pass --resume")
+    save_hf(model, path)
+    write_file(os.path.join(path, "sentencepiece.model"), lambda f: f.write(spm_model), "wb")  # (the bytes checked)
     info = {k: getattr(cfg, k) for k in ("task", *SETTINGS)}
     info["sha256"] = {n: sha256(os.path.join(path, n)) for n in SAVED[:-1]}
     info["sha256"]["finetune.json"] = settings_digest(info)  # its own settings

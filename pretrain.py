@@ -243,7 +243,7 @@ def ensure_tokenizer(cfg, model_config, runtime, log, lines, resumed=None):
     if resumed:
         named = os.path.exists(cfg.tokenizer)
         tokenizer = tokenizer_for(resumed, cfg.tokenizer if named else "")
-        if not named:  # (the default, run from another directory): the checkpoint's, never a new one
+        if not named:  # (none given, or one named relative to another directory): the checkpoint's, never a new one
             log(f"--resume: {resumed}'s tokenizer, {tokenizer.model_file}")
     else:
         path = cfg.tokenizer

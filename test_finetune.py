@@ -276,7 +276,7 @@ def test_a_tokenizer_replaced_while_the_run_trained_is_not_saved_with_the_model(
     with pytest.raises(DataError, match="spm.model is not the tokenizer this run read at its start: not saved"):
         run("--task", "xnli", "--config", "tiny", "--tokenizer", mine, "--train", root / "pairs-en.tsv", "--eval",
             root / "dev-pairs-en.tsv", "--out-dir", tmp_path / "run", *SMALL_ARGS)
-    assert not list((tmp_path / "run").glob("lr-*/seed-*/finetune.json"))  # no model that claims to be complete
+    assert not list((tmp_path / "run").glob("lr-*/seed-*/*.*"))  # no model, and no tokenizer a model could be read with
 
 
 def test_an_encoder_of_one_segment_type_is_refused_for_a_task_of_pairs(files, hf_dir, tmp_path):
@@ -590,6 +590,11 @@ def test_damaged_saves_are_refused_by_name(files, tmp_path, monkeypatch):
         finetune.load_finetuned(saved)
     with pytest.raises(DataError, match=r"seed-0/model.safetensors: damaged"):  # as --init, translation-probe read it
         checkpoints.from_hf(saved, Encoder)
+    info = json.loads((saved / "finetune.json").read_text())
+    (saved / "finetune.json").write_text(json.dumps({**info, "sha256": {}}))  # (no digest, then none checked)
+    with pytest.raises(DataError, match=r"seed-0/finetune.json: damaged \(not the digests of config.json, model"):
+        checkpoints.from_hf(saved, Encoder)
+    (saved / "finetune.json").write_text(json.dumps(info))
     (saved / "model.safetensors").write_bytes(raw)
     config = (saved / "config.json").read_text()  # another head count: the same shapes, other outputs
     (saved / "config.json").write_text(config.replace('"num_attention_heads": 2', '"num_attention_heads": 4'))
