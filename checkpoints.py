@@ -265,8 +265,8 @@ def read_metadata(path):
             stored = [metadata.storage_data[MetadataIndex(name, c.offsets)] for c in item.chunks]
             numel = math.prod(item.size)
             unread -= numel * item.properties.dtype.itemsize
-            # What is cheap first: chunks inside the tensor that add up to it, a tensor no larger than the folder's
-            # bytes. That bounds the grid of the chunks' edges below, its cells and the counting, by those bytes.
+            # What is cheap first: chunks inside the tensor that add up to it, the tensors so far together no larger
+            # than the folder's bytes. That bounds the grid of the chunks' edges below, its cells and the counting.
             exact = all(0 <= a and 0 <= n and a + n <= d for box in boxes for a, n, d in box) \
                 and sum(math.prod(n for _, n, _ in box) for box in boxes) == numel \
                 and unread >= 0 \
@@ -335,7 +335,7 @@ def _fitting(path, config, shapes):
     is built: a crafted config would take the memory of whatever sizes it names. Its layers first: a model of a
     million would take an hour to build even on the meta device, which allocates nothing, where the rest is checked."""
     wrong = f"{path}: the weights do not fit the saved config"
-    for layers, n, what in (("encoder.layers", config.num_layers, "layers"),
+    for layers, n, what in ((r"encoder\.layers", config.num_layers, "layers"),
                             ("pretraining_layers", config.pretraining_only_layers, "pre-training-only layers")):
         if (held := {int(m[1]) for k in shapes if (m := re.match(rf"{layers}\.(\d+)\.", k))}) != set(range(n)):
             raise DataError(f"{wrong}: it names {n} {what}, the shards hold {len(held)}")
