@@ -116,17 +116,18 @@ def tokenizer_for(model_path, tokenizer_file=""):
     return tokenizer
 
 
-def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_000_000, seed=0):
+def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_000_000, seed=0, counts=None):
     """Train a unigram SentencePiece model (returns the .model path) on lines sampled with p_l ∝ n_l^alpha: language
     l gives round(M * p_l) lines (M: all lines, at most max_sentences), drawn at random from its files (repeated when
     it has fewer). vocab_size is a soft limit (a small corpus gives fewer pieces); 256 pieces are bytes that rare
-    characters fall back to, and when the rest cannot hold every character, only the most frequent get their own."""
+    characters fall back to, and when the rest cannot hold every character, only the most frequent get their own.
+    `counts`: line_counts of the files, where the caller has them (the corpus is not read again for them)."""
     if written := [f"{model_prefix}.{ext}" for ext in ("model", "vocab") if os.path.lexists(f"{model_prefix}.{ext}")]:
         raise DataError(f"{written[0]} exists: a tokenizer is not trained over it; remove it, or choose another name")
     if vocab_size < 300:  # (with fewer, too few characters are kept: at 263 and 264 SentencePiece's own error)
         raise DataError(f"vocab_size {vocab_size} leaves no room beside the 256 byte pieces; use at least 300")
     langs = corpus_files(files)
-    lines = line_counts([p for paths in langs.values() for p in paths])
+    lines = counts or line_counts([p for paths in langs.values() for p in paths])
     counts = {lang: sum(lines[p][0] for p in paths) for lang, paths in langs.items()}
     total = min(max_sentences, sum(counts.values()))
     rng = random.Random(seed)

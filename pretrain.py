@@ -253,7 +253,8 @@ def ensure_tokenizer(cfg, model_config, runtime, log, lines, resumed=None):
             path = f"out/tokenizer/spm-{model_config.vocab_size}-{key}.model"
         if not runtime.gather_object(os.path.exists(path))[0]:  # rank 0 decides: every process waits alike
             log(f"training a {model_config.vocab_size}-piece SentencePiece tokenizer on {cfg.data} -> {path}")
-            runtime.on_main(lambda: train_tokenizer(cfg.data, model_config.vocab_size, path.removesuffix(".model")))
+            runtime.on_main(lambda: train_tokenizer(cfg.data, model_config.vocab_size, path.removesuffix(".model"),
+                                                    counts=lines))
         tokenizer = Tokenizer(path)
     if tokenizer.vocab_size > model_config.vocab_size:
         raise DataError(f"{tokenizer.model_file} has {tokenizer.vocab_size} pieces but the model's vocab_size is "
