@@ -14,8 +14,9 @@ positions) over the machine's peak: on CPU the best float32 2048x2048 matmul of 
 device's dense bf16 peak. transformers' RemBERT has only eager attention, so that is what it runs.
 
 `fit` runs pretrain.py's own step (its model, optimizer, train_step and, with --fsdp, FSDP2) at the first
-batch that fits the device; `gpu` runs every GPU measurement of docs/performance.md in one process tree and
-writes them to one JSON file (test_benchmark.py tries it on CPU, with tiny --config and batch flags).
+batch that fits the device; `gpu` runs docs/performance.md's GPU measurements of the pre-training step, of `fit`
+and of reproduce.py's gpu preset in one process tree (fine-tuning and inference: `model --phases`) and writes them
+to one JSON file (test_benchmark.py tries it on CPU, with tiny --config and batch flags).
 
   python benchmark.py model --config ein128-eout768 --batch-size 8 --phases pretrain  # base-like, CPU
   python benchmark.py model --config ein128-eout768 --device cuda --batch-size 256 --steps 20 --compile
@@ -412,9 +413,9 @@ GPU_PARTS = ("step", "fit", "preset")
 
 @dataclass
 class GPUBenchmark:
-    """docs/performance.md's GPU figures in one run, into one JSON file: the base-size pre-training step against
-    transformers' (eager and compiled, with a profile), RemBERT's step with and without FSDP2, and one model of
-    reproduce.py's gpu preset, pre-trained and fine-tuned"""
+    """docs/performance.md's GPU figures but fine-tuning's and inference's, in one run, into one JSON file: the
+    base-size pre-training step against transformers' (eager and compiled, with a profile), RemBERT's step with and
+    without FSDP2, and one model of reproduce.py's gpu preset, pre-trained and fine-tuned"""
     device: str = flag("cuda", "cuda; cpu to try the command (with a tiny --config and small batches)", CPU_OR_CUDA)
     parts: list[str] = flag(list(GPU_PARTS), "what to measure", one_of(GPU_PARTS))
     config: str = flag("ein128-eout768", "the step's model (base size)", one_of(CONFIGS))

@@ -95,7 +95,7 @@ class FinetuneConfig:
     warmup_fraction: float = flag(0.1, "fraction of the steps spent warming up", FRACTION)
     weight_decay: float = flag(0.01, "AdamW weight decay (not on biases, LayerNorm)", at_least(0))
     max_grad_norm: float = flag(1.0, "clip the global gradient norm to this", POSITIVE)
-    dropout: float = flag(0.1, "dropout before the task's output layer", FRACTION)
+    dropout: float = flag(0.1, "dropout before the output layer (classification, tagging; QA has none)", FRACTION)
     seeds: list[int] = flag([0], "one run per seed, averaged (paper: 3)", SEED)
     keep_layers: int = flag(0, "keep only the encoder's first K layers (Figure 1; 0: all)", at_least(0))
     log_every: int = flag(20, "steps between log lines", POSITIVE)

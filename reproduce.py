@@ -11,7 +11,8 @@ measure, as learning curves), zero-shot cross-lingual transfer from English on P
 and per-layer en->de nearest-neighbour translation accuracy on XQuAD's parallel questions (Figure 2).
 
 Every run is checked before it counts: a model whose held-out loss stays within 0.1 nats of a unigram
-model's (it predicts piece frequencies, nothing more) is marked collapsed and left out of every mean.
+model's (it predicts piece frequencies, nothing more), or whose accuracy is no better than that model's, is marked
+collapsed and left out of every mean.
 Beside the models: the unigram model, a randomly initialised encoder fine-tuned alike, and a tagger
 that gives each word its most frequent English tag. The settings of a preset were fixed for every model
 of the comparison at once, chosen so that the largest E_out and the deepest output side train soundly.

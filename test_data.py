@@ -1,6 +1,6 @@
 """Tests for data.py: the tokenizer (special pieces, offsets into the original text, every character
 reachable), the masked-LM stream (masking statistics, alpha sampling, sharding, exact resume, no padding,
-the line index, bad input) and the XTREME task readers (every shared file reads; bad input is named by file
+bad input) and the XTREME task readers (every shared file reads; bad input is named by file
 and line; CRLF and a byte order mark are read alike)."""
 
 import functools
