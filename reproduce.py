@@ -17,11 +17,11 @@ Beside the models: the unigram model, a randomly initialised encoder fine-tuned 
 that gives each word its most frequent English tag. The settings of a preset were fixed for every model
 of the comparison at once, chosen so that the largest E_out and the deepest output side train soundly.
 
-It writes to --out-dir: results.json (every number of every run, the curves, saved after each run, so
-that an interrupted reproduction resumes), results.md (the tables and the claims, each step of the
-comparison set against the spread over seeds), curves.png and figure2.png. The data (docs/data.md):
---data, plain-text corpus files (a tenth of each held out); --panx and --xquad as XTREME's download
-script leaves them.
+It writes to --out-dir (a new or empty folder, or one of its own: its results.json): results.json (every number
+of every run, the curves, saved after each run, so that an interrupted reproduction resumes), results.md (the
+tables and the claims, each step of the comparison set against the spread over seeds), curves.png and figure2.png.
+The data (docs/data.md): --data, plain-text corpus files (a tenth of each held out); --panx and --xquad as XTREME's
+download script leaves them.
 
   python reproduce.py                            # the cpu preset: under an hour on 2 CPU cores
   python reproduce.py --quick --out-dir /tmp/r   # the whole pipeline on tiny settings, about 2 minutes
@@ -38,15 +38,20 @@ accuracy was beyond the spread with some seeds, within it with others), seeds 2 
 """
 
 import contextlib
+import ctypes
 import importlib.util
 import itertools
+import math
 import multiprocessing
 import os
 import shutil
+import signal
 import statistics
+import sys
 import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -58,7 +63,8 @@ import evaluate
 import finetune
 import pretrain
 from configs import GIVEN, MBERT, at_least, check_flags, flag, parse_command_line, resolve_device, run_script
-from checkpoints import DataError, checkpoint_paths, from_checkpoint, remove, save_hf, write_json
+from checkpoints import (DataError, checkpoint_paths, claim as lock_out_dir, from_checkpoint, remove, save_hf,
+                         write_file, write_json)
 from model import Encoder, count_parameters
 
 REPO = Path(__file__).resolve().parent
@@ -140,6 +146,8 @@ class ReproduceConfig:
                   "xquad": ["xquad.en.json", "xquad.de.json"]}
         for flag_name, files in needed.items():
             folder = getattr(self, flag_name)
+            if os.path.isfile(folder):
+                raise ValueError(f"--{flag_name} {folder} is a file; it takes a directory (docs/data.md)")
             if missing := [f for f in ["", *files] if not os.path.exists(os.path.join(folder, f))]:
                 raise ValueError(f"--{flag_name} {folder} has no {missing[0] or 'such directory'}; docs/data.md "
                                  f"says where to get it")
@@ -150,7 +158,10 @@ class ReproduceConfig:
 
 def split_corpus(source, out):
     """Each corpus file (as data.corpus_files finds them) split into out/train and out/heldout, at the same place
-    below each: its last tenth of non-blank lines (at least one) held out."""
+    below each: its last tenth of non-blank lines (at least one) held out. Made anew at every start: a file since
+    removed from `source` is not read."""
+    if os.path.lexists(out):
+        remove(out)
     for path in (p for paths in data.corpus_files(source).values() for p in paths):
         lines = data.read_text(path).removesuffix("\n").split("\n")
         text = [i for i, line in enumerate(lines) if line.strip()]
@@ -319,6 +330,7 @@ def claims(results, p):
     extra = f"E_out {p.small} + {p.extra_layers} layers"
     lower_loss, accuracy = (lambda run: -final(run, "loss")), (lambda run: final(run, "accuracy"))
     transfer = lambda run: run["panx"]["zero_shot"]  # noqa: E731
+    transfer_lost = lambda run: -transfer(run)  # noqa: E731  (Table 2: decoupling alone costs transfer 0.3 F1)
     rows = []
     for claim, series, value, unit in (
             ("E_out H/4 -> H -> 4H: held-out MLM loss falls (Tables 4, 8)", sizes, lower_loss, "nats lower"),
@@ -326,7 +338,8 @@ def claims(results, p):
             ("E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)", sizes, transfer, "F1"),
             ("coupled -> decoupled: held-out MLM accuracy rises (Table 8)", ["coupled", "decoupled"], accuracy,
              "points"),
-            ("coupled -> decoupled: PAN-X zero-shot F1 (Table 2: -0.3)", ["coupled", "decoupled"], transfer, "F1"),
+            ("coupled -> decoupled: PAN-X zero-shot F1 falls a little (Table 2: -0.3)", ["coupled", "decoupled"],
+             transfer_lost, "F1 lower"),
             (f"+{p.extra_layers} pre-training-only layers: held-out MLM loss falls", [sizes[0], extra], lower_loss,
              "nats lower"),
             (f"+{p.extra_layers} pre-training-only layers: PAN-X zero-shot F1 rises (Table 5)", [sizes[0], extra],
@@ -335,11 +348,11 @@ def claims(results, p):
         measured = "; ".join(f"{step}: " * (len(steps) > 1) + ("n/a" if s is None else
                                                                   f"{s[0]:+.2f} {unit} (2 sd {s[1]:.2f})")
                              for step, s in steps.items())
-        if None in steps.values():
-            seeds = max(len(results.get(name, {})) for name in series)
-            rows.append((claim, measured, "not measured: one seed a model gives no spread to judge a difference "
-                         "against (--seeds 2 or more)" if seeds < 2 else "not measured: collapsed runs leave "
-                         "fewer than 2 sound seeds"))
+        if None in steps.values():  # a spread needs 2 sound runs (seeds) of each model: which have fewer
+            few = [f"{name} {len(sound(results, name))} of {len(results.get(name, {}))}" for name in series
+                   if len(sound(results, name)) < 2]
+            rows.append((claim, measured, f"not measured: a spread needs 2 sound runs of each model ({', '.join(few)}"
+                         f"; --seeds 2 or more, and collapsed runs are left out)"))
             continue
         kinds = {step: verdict(*s) for step, s in steps.items()}
         if len(set(kinds.values())) == 1:
@@ -372,8 +385,9 @@ def summarize(results, baselines, p, out_dir, preset, chance):
              f"{', '.join(lang for lang in PANX_LANGS if lang != 'en')}. Mean ± standard deviation over each model's "
              f"sound runs, one a seed (collapsed: how many of its seeds' runs were left out; a model whose every run "
              f"collapsed shows those runs' values in parentheses, and enters no claim).", "",
-             *([f"The quick preset shows the pipeline at work, not the paper's effects: one seed a model gives no "
-                f"spread to judge a difference against, and in {tokens / 1e6:.2g}M tokens (the cpu preset's: 3.3M) "
+             *(["The quick preset shows the pipeline at work, not the paper's effects: "
+                + ("one seed a model gives no spread to judge a difference against, and " if p.seeds < 2 else "")
+                + f"in {tokens / 1e6:.2g}M tokens (the cpu preset's: 3.3M) "
                 f"a model may not yet pass the collapse check (held-out loss {MARGIN} nats below the unigram model's "
                 f"and accuracy above its most frequent piece's); `python reproduce.py` measures the claims.", ""]
                if preset == "quick" else []),
@@ -402,7 +416,7 @@ def summarize(results, baselines, p, out_dir, preset, chance):
     lines += ["", "| the paper's claim | measured here, per step (against twice the larger sd) | verdict |",
               "| --- | --- | --- |", *(f"| {claim} | {measured} | {verdict} |" for claim, measured, verdict in
                                       claims(results, p))]
-    Path(out_dir, "results.md").write_text("\n".join(lines) + "\n")
+    write_file(os.path.join(out_dir, "results.md"), lambda f: f.write("\n".join(lines) + "\n"))
 
     # One style a model (a dashed line for the extra layers, which would hide E_out H/4's), one legend for both panels.
     styles = {name: dict(marker=marker, linestyle="--" if "layers" in name else "-")
@@ -427,7 +441,7 @@ def summarize(results, baselines, p, out_dir, preset, chance):
     fig.suptitle(f"Masked-LM on held-out text while pre-training ({preset} preset; line: mean over seeds, {spread})")
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=4, fontsize=8)
     fig.tight_layout(rect=(0, 0.12, 1, 1))
-    fig.savefig(os.path.join(out_dir, "curves.png"), dpi=100)
+    write_file(os.path.join(out_dir, "curves.png"), lambda f: fig.savefig(f, format="png", dpi=100), "wb")
     plt.close(fig)
     fig, ax = plt.subplots(figsize=(6, 4.2), layout="tight")
     for name in models(p):
@@ -441,7 +455,7 @@ def summarize(results, baselines, p, out_dir, preset, chance):
     ax.set(xlabel="layer (0: the embeddings)", ylabel="en→de nearest-neighbour accuracy (%)", ylim=(0, None),
            title="Figure 2: en→de retrieval by layer, XQuAD questions\n(mean over seeds; error bars: ±1 sd)")
     ax.legend(fontsize=8)
-    fig.savefig(os.path.join(out_dir, "figure2.png"), dpi=100)
+    write_file(os.path.join(out_dir, "figure2.png"), lambda f: fig.savefig(f, format="png", dpi=100), "wb")
     plt.close(fig)
     return "\n".join(lines)
 
@@ -452,21 +466,37 @@ def main(argv=None):
     preset = cfg.preset()
     p = SimpleNamespace(**PRESETS[preset])
     p.seeds = cfg.seeds or p.seeds
-    started = time.time()
     print(f"preset {preset}: {vars(p)}", flush=True)
     where = {k: os.path.relpath(os.path.abspath(getattr(cfg, k)), REPO) for k in ("data", "panx", "xquad")}
     # The number of seeds is no part of the setup: more of them can be added to the runs stored.
     setup = {"preset": {k: v for k, v in vars(p).items() if k != "seeds"}, **where}
     results_path = os.path.join(cfg.out_dir, "results.json")
-    stored = evaluate.read_json(results_path) if os.path.exists(results_path) else {"setup": setup, "results": {}}
-    if not isinstance(stored, dict) or stored.get("setup") != setup or not isinstance(stored.get("results"), dict):
-        raise DataError(f"{results_path} holds results of another preset or other data; choose another --out-dir")
-    results = stored["results"]
+    if os.path.lexists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
+        raise DataError(f"--out-dir {cfg.out_dir} is a file, not a folder; choose another --out-dir")
+    # reproduce.py writes its own files over what is there (results.md, the figures, corpus/, panx/): only into a
+    # folder of its own (its results.json) or a new or empty one.
+    if os.path.isdir(cfg.out_dir) and not os.path.lexists(results_path) and set(os.listdir(cfg.out_dir)) - {".lock"}:
+        raise DataError(f"--out-dir {cfg.out_dir} holds files but no results.json of reproduce.py, which would write "
+                        f"over its own files there; choose a new or empty folder")
+    with lock_out_dir(cfg.out_dir):  # a second reproduce.py on this folder stops at once, not after hours of runs
+        stored = evaluate.read_json(results_path) if os.path.exists(results_path) else {"setup": setup, "results": {}}
+        if not isinstance(stored, dict) or stored.get("setup") != setup or not isinstance(stored.get("results"), dict):
+            raise DataError(f"{results_path} holds results of another preset or other data; choose another --out-dir")
+        check_results(stored["results"], p, results_path)
+        if not os.path.exists(results_path):  # the setup first: a start stopped anywhere after it resumes as itself
+            write_json(results_path, stored)  # (never as another preset, with this one's tokenizer or corpus)
+        reproduce(cfg, p, preset, setup, stored["results"], results_path)
+
+
+def reproduce(cfg, p, preset, setup, results, results_path):
+    """The runs not yet in `results` (results.json's), each recorded as it ends, then the report."""
+    started = time.time()
+    # The XQuAD questions every run is probed on, read before any run (a damaged file: refused in seconds).
+    pairs = len(evaluate.read_parallel(*(os.path.join(cfg.xquad, f"xquad.{lang}.json") for lang in ("en", "de")))[0]
+                [:p.probe_pairs or None])
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     if p.max_train and p.max_eval:
         cfg.panx = first_sentences(p, cfg.panx, os.path.join(cfg.out_dir, "panx"))  # (our copy: not checked as --panx)
-    if not os.path.exists(results_path):  # the setup before the tokenizer: a start stopped before its first run
-        write_json(results_path, stored)  # resumes as itself, never as another preset with this tokenizer
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if not os.path.exists(tokenizer_file):  # (the quick preset's from fewer lines: its time is mostly this)
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"),
@@ -480,12 +510,21 @@ def main(argv=None):
             if str(seed) not in results.get(name, {})]
     workers = 1 if cfg.device == "cuda" else max(1, min(len(jobs), os.cpu_count() or 1, 2))
     threads = max(1, (os.cpu_count() or 1) // workers)  # two runs side by side use two cores best (small models)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    failed, done = None, 0
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=start_worker) as pool:
         futures = {pool.submit(run_job, name, seed, p, cfg, corpus, tokenizer_file, heldout, threads): (name, seed)
                    for name, seed in jobs}
-        for done, future in enumerate(as_completed(futures), 1):
+        for future in as_completed(futures):
             name, seed = futures[future]
-            run = future.result()
+            if future.cancelled():
+                continue
+            if future.exception() is not None:  # the first failure stops the runs not started; the others end
+                failed = failed or future.exception()
+                for other in futures:
+                    other.cancel()
+                continue
+            run, done = future.result(), done + 1
             if "curve" in run:  # no better than piece frequencies: kept, marked, left out of every claim
                 run["collapsed"] = collapsed(run, baselines["unigram"])
             results.setdefault(name, {})[str(seed)] = run
@@ -495,11 +534,53 @@ def main(argv=None):
             print(f"[{done}/{len(jobs)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
                   f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min",
                   flush=True)
-    pairs = len(evaluate.read_parallel(*(os.path.join(cfg.xquad, f"xquad.{lang}.json") for lang in ("en", "de")))[0]
-                [:p.probe_pairs or None])
+    if isinstance(failed, BrokenProcessPool):
+        raise OSError(f"a run's process ended abruptly (killed, or out of memory?); the {done} runs that finished are "
+                      f"in {results_path}: start again to go on") from None
+    if failed:
+        raise failed
     print(summarize(results, baselines, p, cfg.out_dir, preset, chance=100 / (pairs - pairs // 2)))
     print(f"wrote {results_path}, results.md, curves.png and figure2.png in {cfg.out_dir} "
           f"({(time.time() - started) / 60:.1f} min)")
+
+
+def start_worker():
+    """A run's process: Ctrl-C (the whole terminal's) ends it at once, without a traceback of its own: the main process
+    says "interrupted", and a run goes on from its last checkpoint next time. On Linux it also ends with the main
+    process, however that ends (a worker left running would hold its run's folder)."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # (ignored in the main process too: left so)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def check_results(results, p, path):
+    """results.json's runs as reproduce.py stores them; an edited or damaged one is refused by name, where it would
+    stop the report with a traceback or count a run wrongly."""
+    def number(v):
+        return type(v) in (int, float) and math.isfinite(v)
+
+    def stored(name, run):
+        if not isinstance(run, dict):
+            return False
+        panx = run.get("panx")
+        ok = (isinstance(panx, dict) and number(panx.get("en")) and number(panx.get("zero_shot"))
+              and isinstance(panx.get("languages"), dict) and sorted(panx["languages"]) == sorted(PANX_LANGS)
+              and all(map(number, panx["languages"].values()))
+              and isinstance(run.get("seconds"), dict) and all(map(number, run["seconds"].values())))
+        if name == RANDOM:
+            return ok
+        curve, counts, figure2 = run.get("curve"), run.get("parameters"), run.get("figure2")
+        return (ok and isinstance(curve, list) and len(curve) > 0
+                and all(isinstance(point, list) and len(point) == 3 and all(map(number, point)) for point in curve)
+                and isinstance(counts, dict) and all(type(counts.get(k)) is int for k in ("pretraining", "finetuning"))
+                and isinstance(figure2, list) and len(figure2) > 0 and all(map(number, figure2))
+                and type(run.get("collapsed")) is bool)
+    for name, runs in results.items():
+        if name not in [*models(p), RANDOM] or not isinstance(runs, dict) or not all(
+                seed.isdigit() and stored(name, run) for seed, run in runs.items()):
+            raise DataError(f"{path}: the runs of {name!r} are not as reproduce.py stores them (edited or damaged?); "
+                            f"restore the file, or choose another --out-dir")
 
 
 if __name__ == "__main__":
