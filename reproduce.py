@@ -41,7 +41,6 @@ import contextlib
 import ctypes
 import importlib.util
 import itertools
-import math
 import multiprocessing
 import os
 import shutil
@@ -338,7 +337,7 @@ def claims(results, p):
             ("E_out H/4 -> H -> 4H: PAN-X zero-shot F1 rises (Table 4)", sizes, transfer, "F1"),
             ("coupled -> decoupled: held-out MLM accuracy rises (Table 8)", ["coupled", "decoupled"], accuracy,
              "points"),
-            ("coupled -> decoupled: PAN-X zero-shot F1 falls a little (Table 2: -0.3)", ["coupled", "decoupled"],
+            ("coupled -> decoupled: PAN-X zero-shot F1 falls (Table 2: -0.3)", ["coupled", "decoupled"],
              transfer_lost, "F1 lower"),
             (f"+{p.extra_layers} pre-training-only layers: held-out MLM loss falls", [sizes[0], extra], lower_loss,
              "nats lower"),
@@ -480,11 +479,17 @@ def main(argv=None):
                         f"over its own files there; choose a new or empty folder")
     with lock_out_dir(cfg.out_dir):  # a second reproduce.py on this folder stops at once, not after hours of runs
         stored = evaluate.read_json(results_path) if os.path.exists(results_path) else {"setup": setup, "results": {}}
-        if not isinstance(stored, dict) or stored.get("setup") != setup or not isinstance(stored.get("results"), dict):
+        if not (isinstance(stored, dict) and isinstance(stored.get("setup"), dict)
+                and isinstance(stored.get("results"), dict)):
+            raise DataError(f"{results_path}: not reproduce.py's (edited or damaged?); choose another --out-dir")
+        # Where nothing is made yet (no run, no tokenizer), a start of the same preset may name other data: one
+        # stopped by a damaged file is started again with a sound one.
+        made = stored["results"] or os.path.lexists(os.path.join(cfg.out_dir, "spm.model"))
+        if stored["setup"] != setup and (made or stored["setup"].get("preset") != setup["preset"]):
             raise DataError(f"{results_path} holds results of another preset or other data; choose another --out-dir")
         check_results(stored["results"], p, results_path)
-        if not os.path.exists(results_path):  # the setup first: a start stopped anywhere after it resumes as itself
-            write_json(results_path, stored)  # (never as another preset, with this one's tokenizer or corpus)
+        if stored["setup"] != setup or not os.path.exists(results_path):  # the setup first: a start stopped
+            write_json(results_path, {"setup": setup, "results": {}})  # anywhere after it resumes as itself alone
         reproduce(cfg, p, preset, setup, stored["results"], results_path)
 
 
@@ -519,7 +524,8 @@ def reproduce(cfg, p, preset, setup, results, results_path):
             name, seed = futures[future]
             if future.cancelled():
                 continue
-            if future.exception() is not None:  # the first failure stops the runs not started; the others end
+            if future.exception() is not None:  # the first failure cancels the runs no worker has taken yet (the
+                # pool queues one beyond those running: it runs), and those running end and are recorded
                 failed = failed or future.exception()
                 for other in futures:
                     other.cancel()
@@ -535,8 +541,8 @@ def reproduce(cfg, p, preset, setup, results, results_path):
                   f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min",
                   flush=True)
     if isinstance(failed, BrokenProcessPool):
-        raise OSError(f"a run's process ended abruptly (killed, or out of memory?); the {done} runs that finished are "
-                      f"in {results_path}: start again to go on") from None
+        raise OSError(f"a run's process ended abruptly (killed, or out of memory?); {done} run(s) finished before, "
+                      f"recorded in {results_path}: start again to go on") from None
     if failed:
         raise failed
     print(summarize(results, baselines, p, cfg.out_dir, preset, chance=100 / (pairs - pairs // 2)))
@@ -557,17 +563,17 @@ def start_worker():
 def check_results(results, p, path):
     """results.json's runs as reproduce.py stores them; an edited or damaged one is refused by name, where it would
     stop the report with a traceback or count a run wrongly."""
-    def number(v):
-        return type(v) in (int, float) and math.isfinite(v)
+    def number(v):  # finite, and a float's size (an integer of 400 digits is none: the report formats it as one)
+        return type(v) in (int, float) and abs(v) < 1e300
 
     def stored(name, run):
         if not isinstance(run, dict):
             return False
-        panx = run.get("panx")
+        panx, seconds = run.get("panx"), run.get("seconds", {})  # (seconds: since 9d7fd5d; results/'s runs have none)
         ok = (isinstance(panx, dict) and number(panx.get("en")) and number(panx.get("zero_shot"))
               and isinstance(panx.get("languages"), dict) and sorted(panx["languages"]) == sorted(PANX_LANGS)
               and all(map(number, panx["languages"].values()))
-              and isinstance(run.get("seconds"), dict) and all(map(number, run["seconds"].values())))
+              and isinstance(seconds, dict) and all(map(number, seconds.values())))
         if name == RANDOM:
             return ok
         curve, counts, figure2 = run.get("curve"), run.get("parameters"), run.get("figure2")

@@ -769,22 +769,32 @@ def test_the_analyses_refuse_a_missing_head_and_name_a_sentence_without_pieces(t
     assert "unrecognized arguments: --max-len 64" in capsys.readouterr().err
 
 
-def test_the_probe_reads_a_directory_s_encoder_alone(tmp_path, capsys):
+def test_the_probe_reads_a_directory_s_encoder_alone(tmp_path, capsys, monkeypatch):
     """translation-probe builds no masked-LM head for a Hugging Face directory (the released RemBERT's would be 416M
-    fresh parameters, 1.6 GB): a head the directory does not hold costs nothing, whatever size its config names."""
+    fresh parameters, 1.6 GB): a head the directory does not hold costs nothing, whatever size its config names, and
+    a directory without a pooler (RemBertForMaskedLM saves none) is read without a word."""
     import shutil
     import data
+    import model
+    from safetensors.torch import load_file, save_file
     from checkpoints import save_hf
-    from model import Encoder
     spm = data.train_tokenizer(str(REPO / "sample_data" / "en.txt"), 300, str(tmp_path / "spm"))
-    save_hf(Encoder(tiny_config(vocab_size=300)), tmp_path / "encoder")
+    save_hf(model.Encoder(tiny_config(vocab_size=300)), tmp_path / "encoder")
     shutil.copy(spm, tmp_path / "encoder" / "sentencepiece.model")
     config = json.loads((tmp_path / "encoder" / "config.json").read_text())  # a head of 300 x 10^8: 112 GiB
     (tmp_path / "encoder" / "config.json").write_text(json.dumps({**config, "output_embedding_size": 10 ** 8}))
+    weights = load_file(tmp_path / "encoder" / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")}, tmp_path / "encoder" / "model.safetensors")
+
+    def no_head(*args):
+        raise AssertionError("translation-probe built a masked-LM head")
+    monkeypatch.setattr(model, "MLMHead", no_head)
     source = write(tmp_path / "en.txt", "one\ntwo\nthree\nfour\n")
     target = write(tmp_path / "de.txt", "eins\nzwei\ndrei\nvier\n")
-    evaluate.main(["translation-probe", "--checkpoint", str(tmp_path / "encoder"), "--source", str(source),
-                   "--target", str(target), "--max-len", "32", "--device", "cpu"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate.main(["translation-probe", "--checkpoint", str(tmp_path / "encoder"), "--source", str(source),
+                       "--target", str(target), "--max-len", "32", "--device", "cpu"])
     assert json.loads(capsys.readouterr().out.splitlines()[-1])["pairs"] == 4
 
 

@@ -418,6 +418,19 @@ def test_the_default_tokenizer_is_one_for_each_corpus_and_vocabulary(tmp_path, m
     assert used["a"] == used["c"] != used["b"] and len(list((tmp_path / "out" / "tokenizer").glob("*.model"))) == 2
 
 
+def test_a_first_run_counts_its_corpus_once(tmp_path, monkeypatch):
+    """The loader's weights and the tokenizer's sample come from one pass over the corpus's lines (train_tokenizer
+    counted them again: a second pass over a corpus of gigabytes before the first step)."""
+    import data
+    counted, count_lines = [], data.count_lines
+    monkeypatch.setattr(data, "count_lines", lambda path: counted.append(path) or count_lines(path))
+    monkeypatch.chdir(tmp_path)
+    corpus = str(REPO / "sample_data" / "de.txt")
+    pretrain.main(["--data", corpus, "--out-dir", "out", "--vocab-size", "400", "--seq-len", "32", "--max-predictions",
+                   "5", "--batch-size", "4", "--steps", "2", "--warmup", "1", "--device", "cpu"])
+    assert counted == [corpus] and len(list((tmp_path / "out" / "tokenizer").glob("*.model"))) == 1
+
+
 def test_checkpoint_from_another_config_is_refused(tokenizer, tmp_path):
     run(tokenizer, tmp_path, "--steps", "2", "--checkpoint-every", "2")
     with pytest.raises(DataError, match=r"another model or training \(hidden_size 128 then, 64 now\)"):

@@ -106,7 +106,7 @@ def test_each_step_of_a_comparison_has_its_verdict():
         results["coupled"][str(seed)]["panx"] = {"zero_shot": coupled}
         results["decoupled"][str(seed)]["panx"] = {"zero_shot": decoupled}
     claims = {claim: (measured, verdict) for claim, measured, verdict in reproduce.claims(results, p)}
-    assert claims["coupled -> decoupled: PAN-X zero-shot F1 falls a little (Table 2: -0.3)"] == (
+    assert claims["coupled -> decoupled: PAN-X zero-shot F1 falls (Table 2: -0.3)"] == (
         "+2.00 F1 lower (2 sd 0.28)", "visible (n=2 seeds)")
     del results["decoupled"]["1"]  # seeds added to coupled alone: the verdict names the model that has too few
     claims = {claim: verdict for claim, _, verdict in reproduce.claims(results, p)}
@@ -150,16 +150,19 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, cap
     assert "[1/" not in capsys.readouterr().out  # every run was done: nothing runs again
 
 
+class Stopped(Exception):  # (a Ctrl-C where a start would train its tokenizer; a KeyboardInterrupt would stop pytest too)
+    pass
+
+
+def stop(*args, **kwargs):
+    raise Stopped
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_a_start_stopped_before_its_first_run_is_resumed_by_its_own_preset_alone(tmp_path, monkeypatch):
     """Ctrl-C while the tokenizer trains: the setup is recorded first, so that another preset started in that
     --out-dir is refused (it ran, with the first preset's tokenizer of another size, without a word)."""
-    class Stopped(Exception):  # (a KeyboardInterrupt would stop pytest too, where the second start trains)
-        pass
-
-    def stopped(*args, **kwargs):
-        raise Stopped
-    monkeypatch.setattr(reproduce.data, "train_tokenizer", stopped)
+    monkeypatch.setattr(reproduce.data, "train_tokenizer", stop)
     monkeypatch.chdir(REPO)
     out = tmp_path / "out"
     with pytest.raises(Stopped):
@@ -168,14 +171,7 @@ def test_a_start_stopped_before_its_first_run_is_resumed_by_its_own_preset_alone
         reproduce.main(["--device", "cpu", "--out-dir", str(out), "--data", str(SHARED / "corpus"), *TASKS])
 
 
-class Stopped(Exception):  # (where a start would train its tokenizer: what came before it is what a test looks at)
-    pass
-
-
-def stop(*args, **kwargs):
-    raise Stopped
-
-
+@pytest.mark.subprocess
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_an_out_dir_of_other_files_or_in_use_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     """reproduce.py writes results.md, the figures, corpus/ and panx/ over what is in --out-dir: a folder with a user's
@@ -217,16 +213,17 @@ def test_damaged_inputs_and_results_are_refused_before_any_run(tmp_path, monkeyp
         raw = (SHARED / "xquad" / f"xquad.{lang}.json").read_bytes()
         (xquad / f"xquad.{lang}.json").write_bytes(raw[:20000] if lang == "de" else raw)
     command = ["--quick", "--data", str(SHARED / "corpus"), "--panx", str(SHARED / "ner" / "panx")]
+    out = tmp_path / "out"
     with pytest.raises(DataError, match="xquad.de.json: not SQuAD-format JSON"):
-        reproduce.main([*command, "--xquad", str(xquad), "--out-dir", str(tmp_path / "a")])
-    out = tmp_path / "b"
-    with pytest.raises(Stopped):  # a start stopped where it trains the tokenizer: its setup is recorded
+        reproduce.main([*command, "--xquad", str(xquad), "--out-dir", str(out)])
+    with pytest.raises(Stopped):  # nothing made yet: started again on sound files, its setup now that one
         reproduce.main([*command, "--xquad", str(SHARED / "xquad"), "--out-dir", str(out)])
     stored = json.loads((out / "results.json").read_text())
     run = {"panx": {"en": 50.0, "zero_shot": 40.0, "languages": dict.fromkeys(reproduce.PANX_LANGS, 45.0)},
            "seconds": {"pretrain": 1.0}, "curve": [[100, 6.0, 10.0]], "parameters": {"pretraining": 2, "finetuning": 1},
            "figure2": [10.0, 20.0], "collapsed": False}
-    for edit in ({"curve": []}, {"collapsed": "false"}, {"parameters": {}}, {"panx": {"en": 50.0}}, 5):
+    for edit in ({"curve": []}, {"collapsed": "false"}, {"parameters": {}}, {"panx": {"en": 50.0}}, 5,
+                 {"curve": [[100, 10 ** 400, 10.0]]}):
         edited = {"coupled": {"0": {**run, **edit} if isinstance(edit, dict) else edit}}
         (out / "results.json").write_text(json.dumps({**stored, "results": edited}))
         with pytest.raises(DataError, match="results.json: the runs of 'coupled' are not as reproduce.py stores them"):
@@ -234,6 +231,8 @@ def test_damaged_inputs_and_results_are_refused_before_any_run(tmp_path, monkeyp
     (out / "results.json").write_text(json.dumps({**stored, "results": {"coupled": {"0": run}}}))
     with pytest.raises(Stopped):  # as stored: taken as it is
         reproduce.main([*command, "--xquad", str(SHARED / "xquad"), "--out-dir", str(out)])
+    shipped = json.loads((REPO / "results" / "results.json").read_text())  # (its runs predate "seconds")
+    reproduce.check_results(shipped["results"], SimpleNamespace(**reproduce.PRESETS["cpu"]), "results.json")
 
 
 def test_a_corpus_split_anew_holds_no_file_since_removed(tmp_path):
@@ -263,6 +262,11 @@ def test_the_report_replaces_its_files_whole(tmp_path, monkeypatch):
     with pytest.raises(Stopped):
         reproduce.summarize(stored["results"], stored["baselines"], p, tmp_path, "cpu", chance=100 / 595)
     assert (tmp_path / "curves.png").read_bytes() == before and not list(tmp_path.glob("*.tmp"))
+    monkeypatch.undo()
+    for seeds in (1, 2):  # the quick preset's note says one seed gives no spread where there is one seed alone
+        p = SimpleNamespace(**{**reproduce.PRESETS["quick"], "seeds": seeds})
+        report = reproduce.summarize({}, stored["baselines"], p, tmp_path, "quick", chance=1.0)
+        assert report.startswith("Preset quick") and ("one seed a model gives no spread" in report) == (seeds == 1)
 
 
 def test_missing_data_and_bad_flags_are_one_line_and_exit_2(tmp_path, capsys):
