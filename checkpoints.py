@@ -313,9 +313,9 @@ def shards(state, path, runtime=None, save=False):
             raise next((f for f, _ in e.failures.values() if isinstance(f, KeyboardInterrupt)), e) from None
 
 
-def from_checkpoint(path):
-    """The MaskedLM of a pretrain.py checkpoint directory (torch.distributed.checkpoint's shards, read by one process
-    however many wrote them), every file checked first."""
+def from_checkpoint(path, cls=MaskedLM):
+    """The `cls` (MaskedLM, or its Encoder) of a pretrain.py checkpoint directory (torch.distributed.checkpoint's
+    shards, read by one process however many wrote them), every file checked first."""
     info = read_checkpoint_info(path)
     try:
         held = read_metadata(path).state_dict_metadata  # (its "model." items: the weights)
@@ -327,7 +327,7 @@ def from_checkpoint(path):
     except (Exception, dcp.CheckpointException) as e:  # (a BaseException: whatever the shards do not fit)
         raise DataError(f"{path}: the weights do not fit the saved config: {one_line(e)}") from None
     check_finite(path, model.state_dict())
-    return model
+    return model if cls is MaskedLM else model.encoder
 
 
 def _fitting(path, config, shapes):

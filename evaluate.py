@@ -404,14 +404,14 @@ def main(argv=None):
                           **score_files(cfg.task, cfg.gold, cfg.predictions, cfg.lang or None)}))
         return
     device = setup_runtime(cfg.device).device
-    with warnings.catch_warnings():  # a directory without a masked-LM head: Table 8 needs a trained one; the probe
-        # reads a directory's encoder alone (no head is built: RemBERT's is 416M parameters) and uses no pooler
+    # A directory without a masked-LM head: Table 8 needs a trained one; the probe reads the encoder alone (a head of
+    # a directory's config is not built: RemBERT's is 416M parameters) and uses no pooler.
+    cls = MaskedLM if command == "mlm-accuracy" else Encoder
+    read = from_hf if (Path(cfg.checkpoint) / "config.json").is_file() else from_checkpoint
+    with warnings.catch_warnings():
         warnings.filterwarnings("error" if command == "mlm-accuracy" else "ignore", ".*has no (masked-LM head|pooler)")
         try:
-            if (Path(cfg.checkpoint) / "config.json").is_file():
-                model = from_hf(cfg.checkpoint, MaskedLM if command == "mlm-accuracy" else Encoder)
-            else:
-                model = from_checkpoint(cfg.checkpoint)
+            model = read(cfg.checkpoint, cls)
         except UserWarning as e:
             raise DataError(f"{e}; there is no masked-LM accuracy to measure") from None
     tokenizer = data.tokenizer_for(cfg.checkpoint, cfg.tokenizer)
@@ -434,8 +434,7 @@ def main(argv=None):
     for path, texts, side in zip((cfg.source, cfg.target), (source, target), ids):
         if not all(side):
             raise DataError(f"{path}: the sentence {texts[side.index([])]!r} has no pieces in {tokenizer.model_file}")
-    encoder = model if isinstance(model, Encoder) else model.encoder
-    accuracies = translation_probe(encoder.to(device), *ids, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
+    accuracies = translation_probe(model.to(device), *ids, tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id,
                                    cfg.max_len, cfg.batch_size, cfg.seed, device)
     print(f"{len(source)} parallel {cfg.unit if cfg.source.endswith('.json') else 'lines'}: {cfg.source} -> "
           f"{cfg.target}; translation vector fitted on {len(source) // 2}, retrieval among the other "
