@@ -404,11 +404,9 @@ def main(argv=None):
                           **score_files(cfg.task, cfg.gold, cfg.predictions, cfg.lang or None)}))
         return
     device = setup_runtime(cfg.device).device
-    # A directory without a masked-LM head: Table 8 needs a trained one; the probe reads the encoder alone (a head of
-    # a directory's config is not built: RemBERT's is 416M parameters) and uses no pooler.
-    cls = MaskedLM if command == "mlm-accuracy" else Encoder
+    cls = MaskedLM if command == "mlm-accuracy" else Encoder  # the probe's: no head is built (RemBERT's: 416M weights)
     read = from_hf if (Path(cfg.checkpoint) / "config.json").is_file() else from_checkpoint
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # a directory without a masked-LM head: no Table 8; the probe uses no pooler
         warnings.filterwarnings("error" if command == "mlm-accuracy" else "ignore", ".*has no (masked-LM head|pooler)")
         try:
             model = read(cfg.checkpoint, cls)
