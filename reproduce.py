@@ -41,6 +41,7 @@ import contextlib
 import ctypes
 import importlib.util
 import itertools
+import math
 import multiprocessing
 import os
 import shutil
@@ -385,7 +386,8 @@ def summarize(results, baselines, p, out_dir, preset, chance):
              f"sound runs, one a seed (collapsed: how many of its seeds' runs were left out; a model whose every run "
              f"collapsed shows those runs' values in parentheses, and enters no claim).", "",
              *(["The quick preset shows the pipeline at work, not the paper's effects: "
-                + ("one seed a model gives no spread to judge a difference against, and " if p.seeds < 2 else "")
+                + ("one seed a model gives no spread to judge a difference against, and "
+                   if all(len(runs) < 2 for runs in results.values()) else "")
                 + f"in {tokens / 1e6:.2g}M tokens (the cpu preset's: 3.3M) "
                 f"a model may not yet pass the collapse check (held-out loss {MARGIN} nats below the unigram model's "
                 f"and accuracy above its most frequent piece's); `python reproduce.py` measures the claims.", ""]
@@ -471,7 +473,7 @@ def main(argv=None):
     setup = {"preset": {k: v for k, v in vars(p).items() if k != "seeds"}, **where}
     results_path = os.path.join(cfg.out_dir, "results.json")
     if os.path.lexists(cfg.out_dir) and not os.path.isdir(cfg.out_dir):
-        raise DataError(f"--out-dir {cfg.out_dir} is a file, not a folder; choose another --out-dir")
+        raise DataError(f"--out-dir {cfg.out_dir} is no folder (a file, or a link to none); choose another --out-dir")
     # reproduce.py writes its own files over what is there (results.md, the figures, corpus/, panx/): only into a
     # folder of its own (its results.json) or a new or empty one.
     if os.path.isdir(cfg.out_dir) and not os.path.lexists(results_path) and set(os.listdir(cfg.out_dir)) - {".lock"}:
@@ -486,14 +488,17 @@ def main(argv=None):
         # stopped by a damaged file is started again with a sound one.
         made = stored["results"] or os.path.lexists(os.path.join(cfg.out_dir, "spm.model"))
         if stored["setup"] != setup and (made or stored["setup"].get("preset") != setup["preset"]):
-            raise DataError(f"{results_path} holds results of another preset or other data; choose another --out-dir")
+            differ = "; ".join("another preset" if k == "preset" else f"--{k} {stored['setup'].get(k)!r} then, "
+                               f"{setup[k]!r} now" for k in setup if stored["setup"].get(k) != setup[k])
+            raise DataError(f"{results_path} holds results of another preset or other data ({differ}); pass the same, "
+                            f"or choose another --out-dir")
         check_results(stored["results"], p, results_path)
         if stored["setup"] != setup or not os.path.exists(results_path):  # the setup first: a start stopped
             write_json(results_path, {"setup": setup, "results": {}})  # anywhere after it resumes as itself alone
-        reproduce(cfg, p, preset, setup, stored["results"], results_path)
+        reproduce(cfg, p, preset, setup, stored["results"], stored.get("baselines"), results_path)
 
 
-def reproduce(cfg, p, preset, setup, results, results_path):
+def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
     """The runs not yet in `results` (results.json's), each recorded as it ends, then the report."""
     started = time.time()
     # The XQuAD questions every run is probed on, read before any run (a damaged file: refused in seconds).
@@ -509,45 +514,69 @@ def reproduce(cfg, p, preset, setup, results, results_path):
     tokenizer = data.Tokenizer(tokenizer_file)
     heldout = heldout_batches(p, corpus, tokenizer)
     baselines = {"unigram": unigram_baseline(p, corpus, tokenizer, heldout), "majority": majority_tagger(p, cfg.panx)}
+    # The baselines are functions of the corpus, the tokenizer and PAN-X: other values, other data than the stored
+    # runs were made with (a file edited, or another copy at the same path), which a table must not mix.
+    if stored_baselines is not None and not close(stored_baselines, baselines):
+        raise DataError(f"{results_path}: its runs were made on other data (baselines then: {stored_baselines}; now: "
+                        f"{baselines}); pass the data they were made with, or choose another --out-dir")
     print(f"baselines: unigram model {baselines['unigram']}, most frequent tag {baselines['majority']['en']:.2f} "
           f"F1 (en)", flush=True)
     jobs = [(name, seed) for name in cfg.models or [*models(p), RANDOM] for seed in range(p.seeds)
             if str(seed) not in results.get(name, {})]
     workers = 1 if cfg.device == "cuda" else max(1, min(len(jobs), os.cpu_count() or 1, 2))
     threads = max(1, (os.cpu_count() or 1) // workers)  # two runs side by side use two cores best (small models)
-    failed, done = None, 0
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=spawn, initializer=start_worker) as pool:
         futures = {pool.submit(run_job, name, seed, p, cfg, corpus, tokenizer_file, heldout, threads): (name, seed)
                    for name, seed in jobs}
-        for future in as_completed(futures):
-            name, seed = futures[future]
-            if future.cancelled():
-                continue
-            if future.exception() is not None:  # the first failure cancels the runs no worker has taken yet (the
-                # pool queues one beyond those running: it runs), and those running end and are recorded
-                failed = failed or future.exception()
-                for other in futures:
-                    other.cancel()
-                continue
-            run, done = future.result(), done + 1
-            if "curve" in run:  # no better than piece frequencies: kept, marked, left out of every claim
-                run["collapsed"] = collapsed(run, baselines["unigram"])
-            results.setdefault(name, {})[str(seed)] = run
-            elapsed = time.time() - started
-            write_json(results_path, {"setup": setup, "baselines": baselines, "results": results,
-                                      "seconds": elapsed})
-            print(f"[{done}/{len(jobs)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
-                  f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min",
-                  flush=True)
+        try:
+            record(futures, {"setup": setup, "baselines": baselines, "results": results}, results_path, started)
+        except BaseException:  # an interruption of this process alone (kill -INT): its runs stop now, not after all
+            for future in futures:  # the queued ones; each goes on from its last checkpoint next time
+                future.cancel()
+            for worker in multiprocessing.active_children():
+                worker.terminate()
+            raise
+    print(summarize(results, baselines, p, cfg.out_dir, preset, chance=100 / (pairs - pairs // 2)))
+    print(f"wrote {results_path}, results.md, curves.png and figure2.png in {cfg.out_dir} "
+          f"({(time.time() - started) / 60:.1f} min)")
+
+
+def record(futures, stored, results_path, started):
+    """Each run of `futures` into `stored` and results.json as it ends. The first failure cancels the runs no worker
+    has taken yet (the pool queues one beyond those running: it runs); those running end and are recorded; then the
+    failure is raised."""
+    failed, done = None, 0
+    for future in as_completed(futures):
+        name, seed = futures[future]
+        if future.cancelled():
+            continue
+        if future.exception() is not None:
+            failed = failed or future.exception()
+            for other in futures:
+                other.cancel()
+            continue
+        run, done = future.result(), done + 1
+        if "curve" in run:  # no better than piece frequencies: kept, marked, left out of every claim
+            run["collapsed"] = collapsed(run, stored["baselines"]["unigram"])
+        stored["results"].setdefault(name, {})[str(seed)] = run
+        elapsed = time.time() - started
+        write_json(results_path, {**stored, "seconds": elapsed})
+        print(f"[{done}/{len(futures)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
+              f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(futures) - done) / 60:.1f} min",
+              flush=True)
     if isinstance(failed, BrokenProcessPool):
         raise OSError(f"a run's process ended abruptly (killed, or out of memory?); {done} run(s) finished before, "
                       f"recorded in {results_path}: start again to go on") from None
     if failed:
         raise failed
-    print(summarize(results, baselines, p, cfg.out_dir, preset, chance=100 / (pairs - pairs // 2)))
-    print(f"wrote {results_path}, results.md, curves.png and figure2.png in {cfg.out_dir} "
-          f"({(time.time() - started) / 60:.1f} min)")
+
+
+def close(a, b):
+    """Whether two nested dicts of numbers hold the same keys and the same values, to a float's rounding."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+    return type(a) in (int, float) and abs(a) < 1e300 and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
 def start_worker():
@@ -577,14 +606,17 @@ def check_results(results, p, path):
         if name == RANDOM:
             return ok
         curve, counts, figure2 = run.get("curve"), run.get("parameters"), run.get("figure2")
-        return (ok and isinstance(curve, list) and len(curve) > 0
-                and all(isinstance(point, list) and len(point) == 3 and all(map(number, point)) for point in curve)
+        return (ok and isinstance(curve, list)  # a point at every checkpoint (tokens seen, loss, accuracy)
+                and [point[0] if isinstance(point, list) and point else None for point in curve] == tokens
+                and all(len(point) == 3 and all(map(number, point)) for point in curve)
                 and isinstance(counts, dict) and all(type(counts.get(k)) is int for k in ("pretraining", "finetuning"))
-                and isinstance(figure2, list) and len(figure2) > 0 and all(map(number, figure2))
+                and isinstance(figure2, list) and len(figure2) == p.layers + 1 and all(map(number, figure2))
                 and type(run.get("collapsed")) is bool)
+    steps = sorted({min(k * p.eval_every, p.steps) for k in range(1, -(-p.steps // p.eval_every) + 1)})
+    tokens = [step * p.batch_size * p.seq_len for step in steps]
     for name, runs in results.items():
         if name not in [*models(p), RANDOM] or not isinstance(runs, dict) or not all(
-                seed.isdigit() and stored(name, run) for seed, run in runs.items()):
+                seed.isdigit() and seed == str(int(seed)) and stored(name, run) for seed, run in runs.items()):
             raise DataError(f"{path}: the runs of {name!r} are not as reproduce.py stores them (edited or damaged?); "
                             f"restore the file, or choose another --out-dir")
 

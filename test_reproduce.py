@@ -150,7 +150,7 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, cap
     assert "[1/" not in capsys.readouterr().out  # every run was done: nothing runs again
 
 
-class Stopped(Exception):  # (a Ctrl-C where a start would train its tokenizer; a KeyboardInterrupt would stop pytest too)
+class Stopped(Exception):  # (a Ctrl-C where a start trains its tokenizer; a KeyboardInterrupt would stop pytest)
     pass
 
 
@@ -189,8 +189,9 @@ def test_an_out_dir_of_other_files_or_in_use_is_refused_before_anything_is_writt
     assert sorted(p.name for p in theirs.rglob("*")) == ["panx", "results.md", "train-en.tsv"]
     assert (theirs / "results.md").read_text() == "my own notes\n"
     busy = tmp_path / "busy"  # (a lock is a process's: another process holds it)
-    holder = subprocess.Popen([sys.executable, "-c", f"import checkpoints, time; lock = checkpoints.claim({str(busy)!r}); "
-                               f"print('locked', flush=True); time.sleep(60)"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    hold = f"import checkpoints, time; held = checkpoints.claim({str(busy)!r}); print('locked', flush=True); " \
+        "time.sleep(60)"
+    holder = subprocess.Popen([sys.executable, "-c", hold], cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "locked\n"
         with pytest.raises(DataError, match="busy is in use by another run"):
@@ -219,12 +220,15 @@ def test_damaged_inputs_and_results_are_refused_before_any_run(tmp_path, monkeyp
     with pytest.raises(Stopped):  # nothing made yet: started again on sound files, its setup now that one
         reproduce.main([*command, "--xquad", str(SHARED / "xquad"), "--out-dir", str(out)])
     stored = json.loads((out / "results.json").read_text())
+    curve = [[step * 16 * 64, 6.0, 10.0] for step in range(100, 800, 100)]  # the quick preset's 7 checkpoints
     run = {"panx": {"en": 50.0, "zero_shot": 40.0, "languages": dict.fromkeys(reproduce.PANX_LANGS, 45.0)},
-           "seconds": {"pretrain": 1.0}, "curve": [[100, 6.0, 10.0]], "parameters": {"pretraining": 2, "finetuning": 1},
-           "figure2": [10.0, 20.0], "collapsed": False}
-    for edit in ({"curve": []}, {"collapsed": "false"}, {"parameters": {}}, {"panx": {"en": 50.0}}, 5,
-                 {"curve": [[100, 10 ** 400, 10.0]]}):
-        edited = {"coupled": {"0": {**run, **edit} if isinstance(edit, dict) else edit}}
+           "seconds": {"pretrain": 1.0}, "curve": curve, "parameters": {"pretraining": 2, "finetuning": 1},
+           "figure2": [10.0, 20.0, 30.0], "collapsed": False}  # (the embeddings' and 2 layers')
+    for seed, edit in (("0", {"curve": []}), ("0", {"collapsed": "false"}), ("0", {"parameters": {}}),
+                       ("0", {"panx": {"en": 50.0}}), ("0", 5), ("0", {"curve": [*curve[:-1], [700 * 16 * 64, 10 ** 400,
+                       10.0]]}), ("0", {"curve": curve[:-1]}), ("0", {"figure2": [10.0, 20.0]}), ("00", {})):
+        # (a curve or probe a point short read as whole; "00", a seed counted twice, spreads of copies)
+        edited = {"coupled": {"0": run, seed: {**run, **edit} if isinstance(edit, dict) else edit}}
         (out / "results.json").write_text(json.dumps({**stored, "results": edited}))
         with pytest.raises(DataError, match="results.json: the runs of 'coupled' are not as reproduce.py stores them"):
             reproduce.main([*command, "--xquad", str(SHARED / "xquad"), "--out-dir", str(out)])
@@ -233,6 +237,33 @@ def test_damaged_inputs_and_results_are_refused_before_any_run(tmp_path, monkeyp
         reproduce.main([*command, "--xquad", str(SHARED / "xquad"), "--out-dir", str(out)])
     shipped = json.loads((REPO / "results" / "results.json").read_text())  # (its runs predate "seconds")
     reproduce.check_results(shipped["results"], SimpleNamespace(**reproduce.PRESETS["cpu"]), "results.json")
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
+def test_runs_made_on_other_data_are_not_mixed_with_new_ones(tmp_path, monkeypatch):
+    """The baselines are functions of the corpus, the tokenizer and PAN-X: stored ones that differ from this start's
+    mean other data at the same paths (runs of both were put in one table), and other paths are named."""
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    command = ["--quick", "--data", str(SHARED / "corpus"), *TASKS, "--out-dir", str(out)]
+    monkeypatch.setattr(reproduce.data, "train_tokenizer", stop)
+    with pytest.raises(Stopped):  # the setup recorded; then a tokenizer, and the baselines of other data
+        reproduce.main(command)
+    monkeypatch.undo()
+    monkeypatch.chdir(REPO)
+    data.train_tokenizer(str(SHARED / "corpus" / "literature"), 500, str(out / "spm"))
+    stored = json.loads((out / "results.json").read_text())
+    baselines = {"unigram": {"loss": 5.0, "accuracy": 8.0},
+                 "majority": {"en": 17.4, "zero_shot": 9.28, "languages": {}}}
+    (out / "results.json").write_text(json.dumps({**stored, "baselines": baselines}))
+    monkeypatch.setattr(reproduce, "ProcessPoolExecutor", stop)  # (where the runs would start)
+    with pytest.raises(DataError, match=r"results.json: its runs were made on other data \(baselines then: "):
+        reproduce.main(command)
+    (tmp_path / "xquad").mkdir()  # the same files elsewhere: another path, named
+    for lang in ("en", "de"):
+        (tmp_path / "xquad" / f"xquad.{lang}.json").symlink_to(SHARED / "xquad" / f"xquad.{lang}.json")
+    with pytest.raises(DataError, match=r"holds results of another preset or other data \(--xquad '[^']*' then, '"):
+        reproduce.main([*command[:-4], "--xquad", str(tmp_path / "xquad"), "--out-dir", str(out)])
 
 
 def test_a_corpus_split_anew_holds_no_file_since_removed(tmp_path):
@@ -263,9 +294,11 @@ def test_the_report_replaces_its_files_whole(tmp_path, monkeypatch):
         reproduce.summarize(stored["results"], stored["baselines"], p, tmp_path, "cpu", chance=100 / 595)
     assert (tmp_path / "curves.png").read_bytes() == before and not list(tmp_path.glob("*.tmp"))
     monkeypatch.undo()
-    for seeds in (1, 2):  # the quick preset's note says one seed gives no spread where there is one seed alone
-        p = SimpleNamespace(**{**reproduce.PRESETS["quick"], "seeds": seeds})
-        report = reproduce.summarize({}, stored["baselines"], p, tmp_path, "quick", chance=1.0)
+    run = {"panx": {"en": 50.0, "zero_shot": 40.0}}
+    for seeds in (1, 2):  # the quick preset's note says one seed gives no spread where the runs stored have one seed
+        p = SimpleNamespace(**reproduce.PRESETS["quick"])
+        results = {reproduce.RANDOM: {str(seed): run for seed in range(seeds)}}
+        report = reproduce.summarize(results, stored["baselines"], p, tmp_path, "quick", chance=1.0)
         assert report.startswith("Preset quick") and ("one seed a model gives no spread" in report) == (seeds == 1)
 
 
