@@ -517,8 +517,9 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
     # The baselines are functions of the corpus, the tokenizer and PAN-X: other values, other data than the stored
     # runs were made with (a file edited, or another copy at the same path), which a table must not mix.
     if stored_baselines is not None and not close(stored_baselines, baselines):
-        raise DataError(f"{results_path}: its runs were made on other data (baselines then: {stored_baselines}; now: "
-                        f"{baselines}); pass the data they were made with, or choose another --out-dir")
+        raise DataError(f"{results_path}: its runs were made on other data, or with another tokenizer (baselines then: "
+                        f"{stored_baselines}; now: {baselines}); pass the data they were made with, or choose another "
+                        f"--out-dir")
     print(f"baselines: unigram model {baselines['unigram']}, most frequent tag {baselines['majority']['en']:.2f} "
           f"F1 (en)", flush=True)
     jobs = [(name, seed) for name in cfg.models or [*models(p), RANDOM] for seed in range(p.seeds)

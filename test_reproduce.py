@@ -257,7 +257,7 @@ def test_runs_made_on_other_data_are_not_mixed_with_new_ones(tmp_path, monkeypat
                  "majority": {"en": 17.4, "zero_shot": 9.28, "languages": {}}}
     (out / "results.json").write_text(json.dumps({**stored, "baselines": baselines}))
     monkeypatch.setattr(reproduce, "ProcessPoolExecutor", stop)  # (where the runs would start)
-    with pytest.raises(DataError, match=r"results.json: its runs were made on other data \(baselines then: "):
+    with pytest.raises(DataError, match=r"results.json: its runs were made on other data, or with another tokenizer \(baselines then: "):
         reproduce.main(command)
     (tmp_path / "xquad").mkdir()  # the same files elsewhere: another path, named
     for lang in ("en", "de"):
