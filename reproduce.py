@@ -488,8 +488,12 @@ def main(argv=None):
         # stopped by a damaged file is started again with a sound one.
         made = stored["results"] or os.path.lexists(os.path.join(cfg.out_dir, "spm.model"))
         if stored["setup"] != setup and (made or stored["setup"].get("preset") != setup["preset"]):
-            differ = "; ".join("another preset" if k == "preset" else f"--{k} {stored['setup'].get(k)!r} then, "
-                               f"{setup[k]!r} now" for k in setup if stored["setup"].get(k) != setup[k])
+            then = stored["setup"]
+            preset = then.get("preset") if isinstance(then.get("preset"), dict) else {}
+            settings = sorted(k for k in {*preset, *setup["preset"]} if preset.get(k) != setup["preset"].get(k))
+            differ = "; ".join(f"another preset ({', '.join(settings)})" if k == "preset" else
+                               f"--{k} {then.get(k)!r} then, {setup.get(k)!r} now"
+                               for k in sorted({*then, *setup}) if then.get(k) != setup.get(k))
             raise DataError(f"{results_path} holds results of another preset or other data ({differ}); pass the same, "
                             f"or choose another --out-dir")
         check_results(stored["results"], p, results_path)
@@ -508,7 +512,7 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
     if p.max_train and p.max_eval:
         cfg.panx = first_sentences(p, cfg.panx, os.path.join(cfg.out_dir, "panx"))  # (our copy: not checked as --panx)
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
-    if not os.path.exists(tokenizer_file):  # (the quick preset's from fewer lines: its time is mostly this)
+    if trained := not os.path.exists(tokenizer_file):  # (the quick preset's from fewer lines: its time is mostly this)
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"),
                              max_sentences=20_000 if preset == "quick" else 1_000_000)
     tokenizer = data.Tokenizer(tokenizer_file)
@@ -516,10 +520,12 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
     baselines = {"unigram": unigram_baseline(p, corpus, tokenizer, heldout), "majority": majority_tagger(p, cfg.panx)}
     # The baselines are functions of the corpus, the tokenizer and PAN-X: other values, other data than the stored
     # runs were made with (a file edited, or another copy at the same path), which a table must not mix.
-    if stored_baselines is not None and not close(stored_baselines, baselines):
-        raise DataError(f"{results_path}: its runs were made on other data, or with another tokenizer (baselines then: "
-                        f"{stored_baselines}; now: {baselines}); pass the data they were made with, or choose another "
-                        f"--out-dir")
+    if results and (differ := difference(stored_baselines, baselines)):
+        if trained:  # (made from these data just now: not left to be taken for the runs' own)
+            for ext in ("model", "vocab"):
+                os.remove(tokenizer_file.removesuffix("model") + ext)
+        raise DataError(f"{results_path}: its runs were made on other data, or with another tokenizer ({differ}); pass "
+                        f"the data they were made with, or choose another --out-dir")
     print(f"baselines: unigram model {baselines['unigram']}, most frequent tag {baselines['majority']['en']:.2f} "
           f"F1 (en)", flush=True)
     jobs = [(name, seed) for name in cfg.models or [*models(p), RANDOM] for seed in range(p.seeds)
@@ -533,10 +539,8 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
         try:
             record(futures, {"setup": setup, "baselines": baselines, "results": results}, results_path, started)
         except BaseException:  # an interruption of this process alone (kill -INT): its runs stop now, not after all
-            for future in futures:  # the queued ones; each goes on from its last checkpoint next time
-                future.cancel()
-            for worker in multiprocessing.active_children():
-                worker.terminate()
+            for worker in multiprocessing.active_children():  # the queued ones (the pool then fails them all; each
+                worker.terminate()  # goes on from its last checkpoint next time)
             raise
     print(summarize(results, baselines, p, cfg.out_dir, preset, chance=100 / (pairs - pairs // 2)))
     print(f"wrote {results_path}, results.md, curves.png and figure2.png in {cfg.out_dir} "
@@ -545,8 +549,8 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
 
 def record(futures, stored, results_path, started):
     """Each run of `futures` into `stored` and results.json as it ends. The first failure cancels the runs no worker
-    has taken yet (the pool queues one beyond those running: it runs); those running end and are recorded; then the
-    failure is raised."""
+    has taken yet (the pool hands up to one more than its workers on: those run); those running end and are recorded;
+    then the failure is raised."""
     failed, done = None, 0
     for future in as_completed(futures):
         name, seed = futures[future]
@@ -573,11 +577,15 @@ def record(futures, stored, results_path, started):
         raise failed
 
 
-def close(a, b):
-    """Whether two nested dicts of numbers hold the same keys and the same values, to a float's rounding."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
-    return type(a) in (int, float) and abs(a) < 1e300 and math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+def difference(then, now, where="baselines"):
+    """Where the stored `then` first differs from `now` (dicts of numbers), beyond a float's rounding; or None."""
+    if isinstance(now, dict):
+        if not isinstance(then, dict) or then.keys() != now.keys():
+            return f"{where} of other keys"
+        return next((said for k in now if (said := difference(then[k], now[k], f"{where}.{k}"))), None)
+    if type(then) in (int, float) and abs(then) < 1e300 and math.isclose(then, now, rel_tol=1e-9, abs_tol=1e-12):
+        return None
+    return f"{where} {then!r} then, {now!r} now"
 
 
 def start_worker():
@@ -617,7 +625,8 @@ def check_results(results, p, path):
     tokens = [step * p.batch_size * p.seq_len for step in steps]
     for name, runs in results.items():
         if name not in [*models(p), RANDOM] or not isinstance(runs, dict) or not all(
-                seed.isdigit() and seed == str(int(seed)) and stored(name, run) for seed, run in runs.items()):
+                seed.isascii() and seed.isdigit() and len(seed) < 10 and seed == str(int(seed)) and stored(name, run)
+                for seed, run in runs.items()):
             raise DataError(f"{path}: the runs of {name!r} are not as reproduce.py stores them (edited or damaged?); "
                             f"restore the file, or choose another --out-dir")
 

@@ -158,6 +158,13 @@ def stop(*args, **kwargs):
     raise Stopped
 
 
+# A run of the quick preset as results.json stores it: a point at each of its 7 checkpoints, the probe's figure at the
+# embeddings and its 2 layers.
+QUICK_RUN = {"panx": {"en": 50.0, "zero_shot": 40.0, "languages": dict.fromkeys(reproduce.PANX_LANGS, 45.0)},
+             "seconds": {"pretrain": 1.0}, "curve": [[step * 16 * 64, 6.0, 10.0] for step in range(100, 800, 100)],
+             "parameters": {"pretraining": 2, "finetuning": 1}, "figure2": [10.0, 20.0, 30.0], "collapsed": False}
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_a_start_stopped_before_its_first_run_is_resumed_by_its_own_preset_alone(tmp_path, monkeypatch):
     """Ctrl-C while the tokenizer trains: the setup is recorded first, so that another preset started in that
@@ -220,13 +227,10 @@ def test_damaged_inputs_and_results_are_refused_before_any_run(tmp_path, monkeyp
     with pytest.raises(Stopped):  # nothing made yet: started again on sound files, its setup now that one
         reproduce.main([*command, "--xquad", str(SHARED / "xquad"), "--out-dir", str(out)])
     stored = json.loads((out / "results.json").read_text())
-    curve = [[step * 16 * 64, 6.0, 10.0] for step in range(100, 800, 100)]  # the quick preset's 7 checkpoints
-    run = {"panx": {"en": 50.0, "zero_shot": 40.0, "languages": dict.fromkeys(reproduce.PANX_LANGS, 45.0)},
-           "seconds": {"pretrain": 1.0}, "curve": curve, "parameters": {"pretraining": 2, "finetuning": 1},
-           "figure2": [10.0, 20.0, 30.0], "collapsed": False}  # (the embeddings' and 2 layers')
+    run, curve = QUICK_RUN, QUICK_RUN["curve"]
     for seed, edit in (("0", {"curve": []}), ("0", {"collapsed": "false"}), ("0", {"parameters": {}}),
                        ("0", {"panx": {"en": 50.0}}), ("0", 5), ("0", {"curve": [*curve[:-1], [700 * 16 * 64, 10 ** 400,
-                       10.0]]}), ("0", {"curve": curve[:-1]}), ("0", {"figure2": [10.0, 20.0]}), ("00", {})):
+                       10.0]]}), ("0", {"curve": curve[:-1]}), ("0", {"figure2": [10.0, 20.0]}), ("00", {}), ("²", {})):
         # (a curve or probe a point short read as whole; "00", a seed counted twice, spreads of copies)
         edited = {"coupled": {"0": run, seed: {**run, **edit} if isinstance(edit, dict) else edit}}
         (out / "results.json").write_text(json.dumps({**stored, "results": edited}))
@@ -255,15 +259,24 @@ def test_runs_made_on_other_data_are_not_mixed_with_new_ones(tmp_path, monkeypat
     stored = json.loads((out / "results.json").read_text())
     baselines = {"unigram": {"loss": 5.0, "accuracy": 8.0},
                  "majority": {"en": 17.4, "zero_shot": 9.28, "languages": {}}}
-    (out / "results.json").write_text(json.dumps({**stored, "baselines": baselines}))
     monkeypatch.setattr(reproduce, "ProcessPoolExecutor", stop)  # (where the runs would start)
-    with pytest.raises(DataError, match=r"results.json: its runs were made on other data, or with another tokenizer \(baselines then: "):
-        reproduce.main(command)
+    for stored_baselines, said in ((baselines, r"baselines.unigram.loss 5.0 then, [0-9.]+ now"),
+                                   (None, "baselines of other keys"), (5, "baselines of other keys")):
+        (out / "results.json").write_text(json.dumps({**stored, "baselines": stored_baselines,
+                                                      "results": {"coupled": {"0": QUICK_RUN}}}))
+        with pytest.raises(DataError, match=r"results.json: its runs were made on other data, or with another "
+                                            fr"tokenizer \({said}\)"):
+            reproduce.main(command)
     (tmp_path / "xquad").mkdir()  # the same files elsewhere: another path, named
     for lang in ("en", "de"):
         (tmp_path / "xquad" / f"xquad.{lang}.json").symlink_to(SHARED / "xquad" / f"xquad.{lang}.json")
     with pytest.raises(DataError, match=r"holds results of another preset or other data \(--xquad '[^']*' then, '"):
         reproduce.main([*command[:-4], "--xquad", str(tmp_path / "xquad"), "--out-dir", str(out)])
+    for name in ("spm.model", "spm.vocab"):  # a tokenizer this start trains on other data is not left behind,
+        (out / name).unlink()  # where it would be taken for the runs' own once the data are restored
+    with pytest.raises(DataError, match="its runs were made on other data"):
+        reproduce.main(command)
+    assert not list(out.glob("spm.*"))
 
 
 def test_a_corpus_split_anew_holds_no_file_since_removed(tmp_path):
