@@ -513,6 +513,8 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
         cfg.panx = first_sentences(p, cfg.panx, os.path.join(cfg.out_dir, "panx"))  # (our copy: not checked as --panx)
     tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
     if trained := not os.path.exists(tokenizer_file):  # (the quick preset's from fewer lines: its time is mostly this)
+        if os.path.lexists(vocab := tokenizer_file.removesuffix("model") + "vocab"):  # (ours, its model removed)
+            os.remove(vocab)
         data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"),
                              max_sentences=20_000 if preset == "quick" else 1_000_000)
     tokenizer = data.Tokenizer(tokenizer_file)

@@ -228,9 +228,10 @@ def test_damaged_inputs_and_results_are_refused_before_any_run(tmp_path, monkeyp
         reproduce.main([*command, "--xquad", str(SHARED / "xquad"), "--out-dir", str(out)])
     stored = json.loads((out / "results.json").read_text())
     run, curve = QUICK_RUN, QUICK_RUN["curve"]
+    huge = [*curve[:-1], [700 * 16 * 64, 10 ** 400, 10.0]]  # (a loss of 400 digits: no float)
     for seed, edit in (("0", {"curve": []}), ("0", {"collapsed": "false"}), ("0", {"parameters": {}}),
-                       ("0", {"panx": {"en": 50.0}}), ("0", 5), ("0", {"curve": [*curve[:-1], [700 * 16 * 64, 10 ** 400,
-                       10.0]]}), ("0", {"curve": curve[:-1]}), ("0", {"figure2": [10.0, 20.0]}), ("00", {}), ("²", {})):
+                       ("0", {"panx": {"en": 50.0}}), ("0", 5), ("0", {"curve": huge}), ("0", {"curve": curve[:-1]}),
+                       ("0", {"figure2": [10.0, 20.0]}), ("00", {}), ("²", {})):
         # (a curve or probe a point short read as whole; "00", a seed counted twice, spreads of copies)
         edited = {"coupled": {"0": run, seed: {**run, **edit} if isinstance(edit, dict) else edit}}
         (out / "results.json").write_text(json.dumps({**stored, "results": edited}))
@@ -277,6 +278,11 @@ def test_runs_made_on_other_data_are_not_mixed_with_new_ones(tmp_path, monkeypat
     with pytest.raises(DataError, match="its runs were made on other data"):
         reproduce.main(command)
     assert not list(out.glob("spm.*"))
+    (out / "results.json").write_text(json.dumps(stored))  # no runs yet, and a tokenizer's vocabulary without its
+    (out / "spm.vocab").write_text("[PAD]\t0\n")  # model: trained anew (it was refused, "choose another name")
+    with pytest.raises(Stopped):
+        reproduce.main(command)
+    assert (out / "spm.model").exists()
 
 
 def test_a_corpus_split_anew_holds_no_file_since_removed(tmp_path):
