@@ -55,8 +55,8 @@ NUM_LABELS = 3  # XNLI's
 CPU_OR_CUDA = (lambda v: v in ("cpu", "cuda") and resolve_device(v), "cpu or cuda")  # resolve_device says why not
 # Dense (no sparsity) bf16 tensor-core peak from the vendors' data sheets, by the first word(s) of this order
 # in the device's name ("NVIDIA H100 PCIe" is not an SXM H100, "NVIDIA L40S" not an L4, "A10G" not an A10).
-GPU_BF16_PEAK = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12,
-                 "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12}
+GPU_BF16_PEAK = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200 NVL": 835e12, "H200": 989e12,
+                 "A100": 312e12, "L40S": 362e12, "L40": 181e12, "L4": 121e12, "A10": 125e12}
 
 
 def gpu_peak(device_name):
@@ -431,12 +431,17 @@ class GPUBenchmark:
     data: str = flag("data/corpus", "reproduce.py's --data", GIVEN)
     panx: str = flag("data/panx", "reproduce.py's --panx", GIVEN)
     xquad: str = flag("data/xquad", "reproduce.py's --xquad", GIVEN)
-    out: str = flag("gpu.json", "the JSON file of every figure, written after each part", GIVEN)
+    out: str = flag("gpu.json", "the JSON file of every figure, written after each part; an earlier report of this "
+                                "device and these settings keeps the parts not measured anew", GIVEN)
 
     def __post_init__(self):
         check_flags(self)
         for config in (self.config, self.fit_config):
             check_lengths(config, self.seq_len, self.predictions)
+        if "step" in self.parts and CONFIGS[self.config].pretraining_only_layers:  # (model's own check, up front)
+            raise ValueError(f"--config {self.config}: transformers' RemBERT has no pre-training-only layers")
+        if not os.path.isdir(os.path.dirname(os.path.abspath(self.out))):  # (found after a part: its figures lost)
+            raise ValueError(f"--out {self.out}: no such directory")
         if os.path.lexists(self.out) and not is_report(self.out):  # (a report of an earlier run is written over)
             raise ValueError(f"--out {self.out} exists and is no report of this command: not written over; remove it "
                              f"or choose another")
@@ -444,6 +449,11 @@ class GPUBenchmark:
             import reproduce
             reproduce.ReproduceConfig(data=self.data, panx=self.panx, xquad=self.xquad, device=self.device,
                                       quick=self.quick)
+
+
+def setting(settings):
+    """What makes two `gpu` runs comparable: their settings but the parts measured and the file written."""
+    return {k: v for k, v in settings.items() if k not in ("parts", "out")}
 
 
 def is_report(path):
@@ -581,22 +591,32 @@ def bench_gpu(cfg):
     report["peak_flops"], report["peak_source"] = peak, source
     print(f"# {report['device']}, torch {report['torch']} (CUDA {report['cuda']}), transformers "
           f"{report['transformers']}", flush=True)
+    # An earlier report of this device and these settings keeps the parts this run does not measure anew (nor
+    # measures, failing): a run of one part, or one cut short, loses no figure. Another one is replaced, as said.
+    earlier = read_json(cfg.out) if os.path.lexists(cfg.out) else {}
+    settings = earlier.get("settings")
+    if earlier and earlier["device"] == report["device"] and isinstance(settings, dict) and (
+            setting(settings) == setting(vars(cfg))):
+        report |= {part: earlier[part] for part in GPU_PARTS if isinstance(earlier.get(part), dict)}
+    elif earlier:
+        print(f"# {cfg.out}: a report of {earlier['device']} of {earlier['date']} with other settings, replaced")
+    report["errors"] = {}  # this run's parts that failed (their earlier figures, where there are some, are kept)
     for part in cfg.parts:
         started = time.time()
         try:  # (a part that fails is reported, and the next one runs: the GPU may be lent for minutes only)
             report[part] = {"step": gpu_step, "fit": gpu_fit, "preset": gpu_preset}[part](cfg)
+            report[part] |= {"date": report["date"], "part_seconds": time.time() - started}
+            for figures in [*report[part].get("rows", []), *(report[part].get(k, {}) for k in ("plain", "fsdp"))]:
+                if "model_flops_per_s" in figures:
+                    add_mfu(figures, peak)
         except (Exception, SystemExit) as e:
-            report[part] = {"error": f"{type(e).__name__}: {e}"}
-            print(f"# {part} failed: {report[part]['error']}", flush=True)
+            report["errors"][part] = f"{type(e).__name__}: {e}"
+            print(f"# {part} failed: {report['errors'][part]}", flush=True)
         dynamo.reset()  # the next part's processes get the GPU's memory, not this one's cache
         free_memory()
-        report[part]["part_seconds"] = time.time() - started
-        for figures in [*report[part].get("rows", []), *(report[part].get(k, {}) for k in ("plain", "fsdp"))]:
-            if "model_flops_per_s" in figures:
-                add_mfu(figures, peak)
         write_json(cfg.out, report)
-        print(f"# {part}: {report[part]['part_seconds']:.0f} s", flush=True)
-    failed = [part for part in cfg.parts if "error" in report[part]]
+        print(f"# {part}: {time.time() - started:.0f} s", flush=True)
+    failed = list(report["errors"])
     if "step" in report and "step" not in failed:
         print_rows(report["step"]["rows"], peak, source)
         for oom in report["step"]["out_of_memory"]:
@@ -605,7 +625,10 @@ def bench_gpu(cfg):
             print(f"  {k['share']:6.1%} of the kernels' time, {k['ms_per_step']:8.2f} ms/step  {k['kernel'][:100]}")
     if "fit" in report and "fit" not in failed:
         for mode, r in report["fit"].items():
-            if isinstance(r, dict):
+            if isinstance(r, dict) and ("error" in r or r.get("batch_size") is None):
+                print(f"{cfg.fit_config} {mode}: " + (f"failed ({r['error']})" if "error" in r else
+                                                      f"out of memory at every batch ({r.get('out_of_memory')})"))
+            elif isinstance(r, dict):
                 memory = f"{r['peak_memory_bytes'] / 2**30:.1f} GiB" if r.get("peak_memory_bytes") else "-"
                 mfu = f"{r['mfu']:.1%}" if r.get("mfu") else "-"
                 print(f"{cfg.fit_config} {mode}: batch {r.get('batch_size')} x {cfg.seq_len} (out of memory at "

@@ -75,6 +75,34 @@ def test_gpu_command_writes_every_figure_of_its_parts(tmp_path):
     assert report["fit"]["losses_finite"] and report["fit"]["equal_to_bf16_rounding"]
     assert report["fit"]["loss_relative_difference"] < 1e-5  # float32 on CPU: FSDP2 computes the same step
     assert f"wrote {out}" in printed
+    # A later run of one part, with the same settings, keeps the other's figures (the report was replaced whole).
+    subprocess.run([sys.executable, "benchmark.py", "gpu", "--device", "cpu", "--parts", "step", "--config", "tiny",
+                    "--batch-sizes", "2", "--steps", "1", "--no-compile", "--seq-len", "16", "--predictions", "3",
+                    "--fit-config", "tiny", "--fit-batch-sizes", "2", "--out", str(out)], cwd=REPO, check=True,
+                   capture_output=True)
+    assert json.loads(out.read_text())["fit"] == report["fit"]
+
+
+def test_a_gpu_report_says_what_did_not_run(tmp_path, capsys, monkeypatch):
+    """A fit that ran out of memory at every batch printed figures of 0 s/step and 0 tok/s; an FSDP2 run that failed
+    stopped the report with a KeyError; a part that fails keeps the earlier report's figures of it."""
+    pytest.importorskip("transformers")
+    monkeypatch.setattr(benchmark, "gpu_fit", lambda cfg: {"plain": {"fsdp": False, "out_of_memory": [16, 8]},
+                                                           "fsdp": {"error": "torchrun failed"}})
+    out = tmp_path / "gpu.json"
+    benchmark.main(["gpu", "--device", "cpu", "--parts", "fit", "--fit-config", "tiny", "--out", str(out)])
+    printed = capsys.readouterr().out
+    assert "tiny plain: out of memory at every batch ([16, 8])" in printed and "0 tok/s" not in printed
+    assert "tiny fsdp: failed (torchrun failed)" in printed
+    fit = json.loads(out.read_text())["fit"]
+
+    def fails(cfg):
+        raise SystemExit("the GPU was taken back")
+    monkeypatch.setattr(benchmark, "gpu_fit", fails)
+    benchmark.main(["gpu", "--device", "cpu", "--parts", "fit", "--fit-config", "tiny", "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert report["fit"] == fit and report["errors"] == {"fit": "SystemExit: the GPU was taken back"}
+    assert "(failed: fit)" in capsys.readouterr().out
 
 
 @pytest.mark.subprocess
@@ -110,7 +138,11 @@ def test_bad_settings_are_refused(tmp_path, capsys, monkeypatch):
                              (["gpu", "--device", "cpu", "--parts", "step", "preset", "--data", str(tmp_path / "no")],
                               f"--data {tmp_path / 'no'} has no such directory"),  # (before the step is timed)
                              (["gpu", "--device", "cpu", "--parts", "fit", "--out", str(notes)],
-                              f"--out {notes} exists and is no report of this command: not written over")):
+                              f"--out {notes} exists and is no report of this command: not written over"),
+                             (["gpu", "--device", "cpu", "--parts", "fit", "--out", str(tmp_path / "no" / "r.json")],
+                              "no such directory"),  # (found after the first part: its figures were lost)
+                             (["gpu", "--device", "cpu", "--parts", "step", "--config", "extra-layers-11"],
+                              "transformers' RemBERT has no pre-training-only layers")):  # (was a failed part, exit 0)
         with pytest.raises(SystemExit) as exit:
             run_script(lambda: benchmark.main(command))
         err = capsys.readouterr().err
@@ -126,6 +158,7 @@ def test_bad_settings_are_refused(tmp_path, capsys, monkeypatch):
 def test_a_gpu_gets_its_own_data_sheet_peak_or_none():
     """By name, the most specific entry first: no L40S read as an L4, no H100 PCIe as an SXM H100."""
     names = {"NVIDIA H100 80GB HBM3": 989e12, "NVIDIA H100 PCIe": 756e12, "NVIDIA H100 NVL": 835e12,
+             "NVIDIA H200": 989e12, "NVIDIA H200 NVL": 835e12,
              "NVIDIA A100-SXM4-80GB": 312e12, "NVIDIA L40S": 362e12, "NVIDIA L4": 121e12, "NVIDIA A10": 125e12,
              "NVIDIA A10G": None, "NVIDIA GeForce RTX 4090": None, "Tesla V100-SXM2-16GB": None}
     assert {name: benchmark.gpu_peak(name) for name in names} == names
