@@ -597,7 +597,8 @@ def bench_gpu(cfg):
     settings = earlier.get("settings")
     if earlier and earlier["device"] == report["device"] and isinstance(settings, dict) and (
             setting(settings) == setting(vars(cfg))):
-        report |= {part: earlier[part] for part in GPU_PARTS if isinstance(earlier.get(part), dict)}
+        report |= {part: earlier[part] for part in GPU_PARTS  # (an older report kept a failure in its part)
+                   if isinstance(earlier.get(part), dict) and "error" not in earlier[part]}
     elif earlier:
         print(f"# {cfg.out}: a report of {earlier['device']} of {earlier['date']} with other settings, replaced")
     report["errors"] = {}  # this run's parts that failed (their earlier figures, where there are some, are kept)

@@ -488,18 +488,21 @@ def main(argv=None):
         # stopped by a damaged file is started again with a sound one.
         made = stored["results"] or os.path.lexists(os.path.join(cfg.out_dir, "spm.model"))
         if stored["setup"] != setup and (made or stored["setup"].get("preset") != setup["preset"]):
-            then = stored["setup"]
-            preset = then.get("preset") if isinstance(then.get("preset"), dict) else {}
-            settings = sorted(k for k in {*preset, *setup["preset"]} if preset.get(k) != setup["preset"].get(k))
-            differ = "; ".join(f"another preset ({', '.join(settings)})" if k == "preset" else
-                               f"--{k} {then.get(k)!r} then, {setup.get(k)!r} now"
-                               for k in sorted({*then, *setup}) if then.get(k) != setup.get(k))
-            raise DataError(f"{results_path} holds results of another preset or other data ({differ}); pass the same, "
-                            f"or choose another --out-dir")
+            raise DataError(f"{results_path} holds results of another preset or other data "
+                            f"({setup_difference(stored['setup'], setup)}); pass the same, or choose another --out-dir")
         check_results(stored["results"], p, results_path)
         if stored["setup"] != setup or not os.path.exists(results_path):  # the setup first: a start stopped
             write_json(results_path, {"setup": setup, "results": {}})  # anywhere after it resumes as itself alone
         reproduce(cfg, p, preset, setup, stored["results"], stored.get("baselines"), results_path)
+
+
+def setup_difference(then, now):
+    """What differs between a stored setup and this start's: the preset's settings by name, the data by path."""
+    preset = then.get("preset") if isinstance(then.get("preset"), dict) else {}
+    settings = sorted(k for k in {*preset, *now["preset"]} if preset.get(k) != now["preset"].get(k))
+    return "; ".join(f"another preset ({', '.join(settings)})" if k == "preset" else
+                     f"--{k} {then.get(k)!r} then, {now.get(k)!r} now"
+                     for k in sorted({*then, *now}) if then.get(k) != now.get(k))
 
 
 def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
@@ -511,12 +514,12 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
     corpus = split_corpus(cfg.data, os.path.join(cfg.out_dir, "corpus"))
     if p.max_train and p.max_eval:
         cfg.panx = first_sentences(p, cfg.panx, os.path.join(cfg.out_dir, "panx"))  # (our copy: not checked as --panx)
-    tokenizer_file = os.path.join(cfg.out_dir, "spm.model")
-    if trained := not os.path.exists(tokenizer_file):  # (the quick preset's from fewer lines: its time is mostly this)
-        if os.path.lexists(vocab := tokenizer_file.removesuffix("model") + "vocab"):  # (ours, its model removed)
-            os.remove(vocab)
-        data.train_tokenizer(corpus[0], p.vocab, tokenizer_file.removesuffix(".model"),
-                             max_sentences=20_000 if preset == "quick" else 1_000_000)
+    spm = os.path.join(cfg.out_dir, "spm")  # (spm.model and spm.vocab)
+    tokenizer_file, trained = f"{spm}.model", not os.path.exists(f"{spm}.model")
+    if trained:  # (the quick preset's from fewer lines: its time is mostly this)
+        if os.path.lexists(f"{spm}.vocab"):  # (ours, its model removed)
+            os.remove(f"{spm}.vocab")
+        data.train_tokenizer(corpus[0], p.vocab, spm, max_sentences=20_000 if preset == "quick" else 1_000_000)
     tokenizer = data.Tokenizer(tokenizer_file)
     heldout = heldout_batches(p, corpus, tokenizer)
     baselines = {"unigram": unigram_baseline(p, corpus, tokenizer, heldout), "majority": majority_tagger(p, cfg.panx)}
@@ -525,7 +528,7 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
     if results and (differ := difference(stored_baselines, baselines)):
         if trained:  # (made from these data just now: not left to be taken for the runs' own)
             for ext in ("model", "vocab"):
-                os.remove(tokenizer_file.removesuffix("model") + ext)
+                os.remove(f"{spm}.{ext}")
         raise DataError(f"{results_path}: its runs were made on other data, or with another tokenizer ({differ}); pass "
                         f"the data they were made with, or choose another --out-dir")
     print(f"baselines: unigram model {baselines['unigram']}, most frequent tag {baselines['majority']['en']:.2f} "
