@@ -158,12 +158,13 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
             with open(sample, encoding="utf-8") as f, open(kept, "w", encoding="utf-8") as out:
                 out.writelines(line.translate(rare) for line in f)
             sample = kept
+        # Threads fixed: the trainer sums per thread, so their count would choose the model (2 made results/'s).
         try:
             spm.SentencePieceTrainer.train(
                 input=sample, model_prefix=os.path.join(tmp, "spm"), vocab_size=vocab_size, model_type="unigram",
                 pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
                 control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
-                input_sentence_size=0, max_sentence_length=1 << 16, num_threads=os.cpu_count() or 1, minloglevel=2)
+                input_sentence_size=0, max_sentence_length=1 << 16, num_threads=2, minloglevel=2)
         except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
             raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
         for ext in ("model", "vocab"):  # through the one writer: whole, at any path (SentencePiece's needs UTF-8)

@@ -621,6 +621,17 @@ def test_a_corpus_sentencepiece_cannot_read_is_named(tmp_path):
         data.train_tokenizer(str(tmp_path / "en.txt"), 400, str(tmp_path / "spm"))
 
 
+def test_a_corpus_gives_one_tokenizer_whatever_the_machine(tmp_path, monkeypatch):
+    """SentencePiece's trainer sums its EM statistics per thread: another thread count, another model. The number
+    of cores must not choose the tokenizer (nor, through it, a run's losses or reproduce.py's baselines)."""
+    models = []
+    for cores in (2, 16):
+        monkeypatch.setattr(os, "cpu_count", lambda: cores)
+        sp = data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 1000, str(tmp_path / f"spm{cores}"))).sp
+        models.append([(sp.id_to_piece(i), sp.get_score(i)) for i in range(sp.get_piece_size())])
+    assert models[0] == models[1]  # (the files differ in the temporary paths that they record)
+
+
 def test_lines_longer_than_sentencepiece_reads_still_train_the_tokenizer(tmp_path):
     # A document per line, past SentencePiece's 64 KiB: it would skip the line, and Greek get no pieces.
     greek = ["Αν έχεις να πεις κάτι, πες το.", "Το σπίτι είναι μεγάλο και όμορφο."] * 2000
