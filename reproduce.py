@@ -50,7 +50,7 @@ import statistics
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -539,42 +539,47 @@ def reproduce(cfg, p, preset, setup, results, stored_baselines, results_path):
     threads = max(1, (os.cpu_count() or 1) // workers)  # two runs side by side use two cores best (small models)
     spawn = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(workers, mp_context=spawn, initializer=start_worker) as pool:
-        futures = {pool.submit(run_job, name, seed, p, cfg, corpus, tokenizer_file, heldout, threads): (name, seed)
-                   for name, seed in jobs}
+        def start(name, seed):
+            return pool.submit(run_job, name, seed, p, cfg, corpus, tokenizer_file, heldout, threads)
         try:
-            record(futures, {"setup": setup, "baselines": baselines, "results": results}, results_path, started)
-        except BaseException:  # an interruption of this process alone (kill -INT): its runs stop now, not after all
-            for worker in multiprocessing.active_children():  # the queued ones (the pool then fails them all; each
-                worker.terminate()  # goes on from its last checkpoint next time)
+            record(start, jobs, workers, {"setup": setup, "baselines": baselines, "results": results}, results_path,
+                   started)
+        except BaseException:  # an interruption of this process alone (kill -INT): its running runs stop now too
+            for worker in multiprocessing.active_children():  # (each goes on from its last checkpoint next time)
+                worker.terminate()
             raise
     print(summarize(results, baselines, p, cfg.out_dir, preset, chance=100 / (pairs - pairs // 2)))
     print(f"wrote {results_path}, results.md, curves.png and figure2.png in {cfg.out_dir} "
           f"({(time.time() - started) / 60:.1f} min)")
 
 
-def record(futures, stored, results_path, started):
-    """Each run of `futures` into `stored` and results.json as it ends. The first failure cancels the runs no worker
-    has taken yet (the pool hands up to one more than its workers on: those run); those running end and are recorded;
-    then the failure is raised."""
-    failed, done = None, 0
-    for future in as_completed(futures):
-        name, seed = futures[future]
-        if future.cancelled():
-            continue
-        if future.exception() is not None:
-            failed = failed or future.exception()
-            for other in futures:
-                other.cancel()
-            continue
-        run, done = future.result(), done + 1
-        if "curve" in run:  # no better than piece frequencies: kept, marked, left out of every claim
-            run["collapsed"] = collapsed(run, stored["baselines"]["unigram"])
-        stored["results"].setdefault(name, {})[str(seed)] = run
-        elapsed = time.time() - started
-        write_json(results_path, {**stored, "seconds": elapsed})
-        print(f"[{done}/{len(futures)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
-              f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(futures) - done) / 60:.1f} min",
-              flush=True)
+def record(start, jobs, workers, stored, results_path, started):
+    """Run `jobs` ((name, seed) pairs), `workers` at a time (start(name, seed): a run's future), each recorded into
+    `stored` and results.json as it ends. After the first failure no run starts; those running end and are recorded;
+    then the failure is raised. (The pool is handed a run only when a worker is free: it would take the next ones in
+    advance, and run them after a failure.)"""
+    queued, running, failed, done = list(jobs), {}, None, 0
+    while running or queued and not failed:
+        while queued and not failed and len(running) < workers:
+            job = queued.pop(0)
+            try:
+                running[start(*job)] = job
+            except BrokenProcessPool as e:  # (a worker killed since the last run ended)
+                failed = e
+        for future in wait(running, return_when=FIRST_COMPLETED).done:
+            name, seed = running.pop(future)
+            if future.exception() is not None:
+                failed = failed or future.exception()
+                continue
+            run, done = future.result(), done + 1
+            if "curve" in run:  # no better than piece frequencies: kept, marked, left out of every claim
+                run["collapsed"] = collapsed(run, stored["baselines"]["unigram"])
+            stored["results"].setdefault(name, {})[str(seed)] = run
+            elapsed = time.time() - started
+            write_json(results_path, {**stored, "seconds": elapsed})
+            print(f"[{done}/{len(jobs)}] {name}, seed {seed}" + " (collapsed)" * run.get("collapsed", False) +
+                  f" | elapsed {elapsed / 60:.1f} min | left about {elapsed / done * (len(jobs) - done) / 60:.1f} min",
+                  flush=True)
     if isinstance(failed, BrokenProcessPool):
         raise OSError(f"a run's process ended abruptly (killed, or out of memory?); {done} run(s) finished before, "
                       f"recorded in {results_path}: start again to go on") from None

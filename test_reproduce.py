@@ -7,6 +7,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -115,6 +117,29 @@ def test_each_step_of_a_comparison_has_its_verdict():
     assert claims["coupled -> decoupled: held-out MLM accuracy rises (Table 8)"] == (
         "not measured: a spread needs 2 sound runs of each model (decoupled 1 of 1; --seeds 2 or more, and collapsed "
         "runs are left out)")
+
+
+def test_after_a_failed_run_no_other_starts_and_the_running_ones_are_recorded(tmp_path):
+    """Two workers, five runs: the second fails while the first still runs. The first is recorded, the failure
+    raised, and no third run starts (handed to the pool in advance, up to three ran before the failure was said)."""
+    started, first_may_end = [], threading.Event()
+
+    def run(name, seed):
+        if name == "b":
+            first_may_end.set()
+            raise FloatingPointError("b diverged")
+        assert first_may_end.wait(10)
+        return {"panx": {"en": 50.0}}
+    results = {"setup": {}, "baselines": {}, "results": {}}
+    with ThreadPoolExecutor(2) as pool:
+        def start(name, seed):
+            started.append(name)
+            return pool.submit(run, name, seed)
+        with pytest.raises(FloatingPointError, match="b diverged"):
+            reproduce.record(start, [(name, 0) for name in "abcde"], 2, results, tmp_path / "results.json", 0)
+    assert started == ["a", "b"]
+    assert results["results"] == {"a": {"0": {"panx": {"en": 50.0}}}}
+    assert json.loads((tmp_path / "results.json").read_text())["results"] == results["results"]
 
 
 @pytest.mark.subprocess
