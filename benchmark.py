@@ -391,7 +391,8 @@ def fit_steps(cfg, runtime, batch_size):
 def bench_fit(cfg):
     from runtime import setup_runtime
     runtime = setup_runtime(cfg.device, cfg.fsdp)
-    result = {"config": cfg.config, "fsdp": cfg.fsdp, "seq_len": cfg.seq_len, "out_of_memory": []}
+    result = {"config": cfg.config, "fsdp": cfg.fsdp, "seq_len": cfg.seq_len, "out_of_memory": [],
+              "rank": runtime.rank, "processes": runtime.world_size}  # (under torchrun: a line per process, device)
     for batch_size in cfg.batch_sizes:
         try:
             result |= fit_steps(cfg, runtime, batch_size)
