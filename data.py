@@ -158,19 +158,23 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
             with open(sample, encoding="utf-8") as f, open(kept, "w", encoding="utf-8") as out:
                 out.writelines(line.translate(rare) for line in f)
             sample = kept
-        # Threads fixed: the trainer sums per thread, so their count would choose the model (2 made results/'s).
+        # The model is written to memory: SentencePiece's file would record the temporary paths, other each time;
+        # the threads fixed: the trainer sums per thread, so their count would choose the model (2 made results/'s).
+        model = io.BytesIO()
         try:
-            spm.SentencePieceTrainer.train(
-                input=sample, model_prefix=os.path.join(tmp, "spm"), vocab_size=vocab_size, model_type="unigram",
-                pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
-                control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
-                input_sentence_size=0, max_sentence_length=1 << 16, num_threads=2, minloglevel=2)
+            with open(sample, encoding="utf-8") as f:
+                spm.SentencePieceTrainer.train(
+                    sentence_iterator=(line.rstrip("\n") for line in f), model_writer=model, vocab_size=vocab_size,
+                    model_type="unigram", pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK,
+                    bos_piece=CLS, eos_piece=SEP, control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995,
+                    hard_vocab_limit=False, input_sentence_size=0, max_sentence_length=1 << 16, num_threads=2,
+                    minloglevel=2)
         except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
             raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
-        for ext in ("model", "vocab"):  # through the one writer: whole, at any path (SentencePiece's needs UTF-8)
-            with open(os.path.join(tmp, f"spm.{ext}"), "rb") as f:
-                trained = f.read()
-            write_file(f"{model_prefix}.{ext}", lambda out: out.write(trained), "wb")
+    trained = spm.SentencePieceProcessor(model_proto=model.getvalue())
+    vocab = "".join(f"{trained.id_to_piece(i)}\t{trained.get_score(i):g}\n" for i in range(trained.get_piece_size()))
+    write_file(f"{model_prefix}.model", lambda out: out.write(model.getvalue()), "wb")  # (whole: the one writer)
+    write_file(f"{model_prefix}.vocab", lambda out: out.write(vocab))  # (SentencePiece's own: piece<TAB>score lines)
     return f"{model_prefix}.model"
 
 
