@@ -468,7 +468,7 @@ def main(argv=None):
     p = SimpleNamespace(**PRESETS[preset])
     p.seeds = cfg.seeds or p.seeds
     print(f"preset {preset}: {vars(p)}", flush=True)
-    where = {k: os.path.relpath(os.path.abspath(getattr(cfg, k)), REPO) for k in ("data", "panx", "xquad")}
+    where = {k: data_path(getattr(cfg, k)) for k in ("data", "panx", "xquad")}
     # The number of seeds is no part of the setup: more of them can be added to the runs stored.
     setup = {"preset": {k: v for k, v in vars(p).items() if k != "seeds"}, **where}
     results_path = os.path.join(cfg.out_dir, "results.json")
@@ -494,6 +494,13 @@ def main(argv=None):
         if stored["setup"] != setup or not os.path.exists(results_path):  # the setup first: a start stopped
             write_json(results_path, {"setup": setup, "results": {}})  # anywhere after it resumes as itself alone
         reproduce(cfg, p, preset, setup, stored["results"], stored.get("baselines"), results_path)
+
+
+def data_path(path):
+    """A data path as the setup records it: inside the repository, from it (results/'s data/, in any clone);
+    elsewhere, absolute (from a clone, it would change with the clone's place)."""
+    path = os.path.abspath(path)  # (a link's own path: data/ may be a link to the download)
+    return os.path.relpath(path, REPO) if Path(path).is_relative_to(REPO) else path
 
 
 def setup_difference(then, now):

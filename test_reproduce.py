@@ -157,7 +157,7 @@ def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, cap
     stdout = capsys.readouterr().out
     assert "[7/7]" in stdout and "left about" in stdout  # progress with an estimate of the time left
     stored = json.loads((out / "results.json").read_text())
-    assert stored["setup"]["panx"] == "../shared/data/ner/panx"  # relative to the repository
+    assert stored["setup"]["panx"] == os.path.abspath(SHARED / "ner" / "panx")  # outside the repository: absolute
     results = stored["results"]
     assert len(results) == 7 and set(stored["baselines"]) == {"unigram", "majority"}
     for name, seeds in results.items():
@@ -203,6 +203,22 @@ def test_a_start_stopped_before_its_first_run_is_resumed_by_its_own_preset_alone
         reproduce.main(["--quick", "--out-dir", str(out), "--data", str(SHARED / "corpus"), *TASKS])
     with pytest.raises(DataError, match="results.json holds results of another preset or other data"):
         reproduce.main(["--device", "cpu", "--out-dir", str(out), "--data", str(SHARED / "corpus"), *TASKS])
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
+def test_runs_go_on_from_a_clone_elsewhere_with_the_same_data(tmp_path, monkeypatch):
+    """Data outside the repository are recorded by their absolute path: recorded from the repository, as they were,
+    they seemed other data from a clone at another depth, and its runs were refused."""
+    monkeypatch.setattr(reproduce.data, "train_tokenizer", stop)
+    out, command = tmp_path / "out", ["--quick", "--out-dir", str(tmp_path / "out"), "--data", str(SHARED / "corpus"),
+                                      *TASKS]
+    with pytest.raises(Stopped):
+        reproduce.main(command)
+    stored = json.loads((out / "results.json").read_text())
+    (out / "results.json").write_text(json.dumps({**stored, "results": {"coupled": {"0": QUICK_RUN}}}))
+    monkeypatch.setattr(reproduce, "REPO", tmp_path / "deeper" / "clone")
+    with pytest.raises(Stopped):  # (its tokenizer is trained next: the setup was taken for this one's)
+        reproduce.main(command)
 
 
 @pytest.mark.subprocess
