@@ -58,7 +58,7 @@ class TrainConfig:
     max_predictions: int = flag(20, "masked positions per sequence (15% of seq_len)", POSITIVE)
     batch_size: int = flag(32, "sequences per micro-batch per process", POSITIVE)
     grad_accum: int = flag(1, "micro-batches per optimizer step", POSITIVE)
-    num_workers: int = flag(0, "DataLoader processes making batches (0: in this one)", at_least(0))
+    num_workers: int = flag(0, "DataLoader workers (0: none; 2 or more make other batches than 0 or 1)", at_least(0))
     steps: int = flag(800, "optimizer steps in total", POSITIVE)
     warmup: int = flag(80, "linear warm-up steps", at_least(0))
     lr: float = flag(1e-3, "peak learning rate", POSITIVE)

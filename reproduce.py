@@ -120,7 +120,7 @@ class ReproduceConfig:
     panx: str = flag("data/panx", "PAN-X: train-en.tsv and dev-{de,en,es,nl,pl,ru}.tsv", GIVEN)
     xquad: str = flag("data/xquad", "XQuAD: xquad.en.json and xquad.de.json", GIVEN)
     out_dir: str = flag("out/reproduce", "results, figures and every model", GIVEN)
-    device: str = flag("auto", "auto | cpu | cuda (cuda runs the gpu preset)",
+    device: str = flag("cpu", "cpu | cuda | auto (cuda runs the gpu preset; auto: cuda where torch sees a GPU)",
                        (lambda v: v in ("auto", "cpu", "cuda") and resolve_device(v), "auto, cpu or cuda"))
     quick: bool = flag(False, "the tiny preset: the whole pipeline in about 2 minutes on 2 cores")
     seeds: int = flag(0, "seeds 0 to N-1 of each model (0: the preset's); a seed already run is kept", at_least(0))

@@ -206,6 +206,17 @@ def test_a_start_stopped_before_its_first_run_is_resumed_by_its_own_preset_alone
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
+def test_the_documented_commands_run_the_cpu_preset_where_torch_sees_a_gpu(monkeypatch):
+    """`python reproduce.py` is the cpu preset, as the docs say (and results/'s seeds are added without --device):
+    --device auto took a GPU, and with it the gpu preset."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    folders = ["--data", str(SHARED / "corpus"), *TASKS]
+    assert reproduce.parse_command_line(reproduce.__doc__, reproduce.ReproduceConfig, folders)[1].preset() == "cpu"
+    assert reproduce.parse_command_line(reproduce.__doc__, reproduce.ReproduceConfig, [*folders, "--device", "auto"]
+                                        )[1].preset() == "gpu"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_runs_go_on_from_a_clone_elsewhere_with_the_same_data(tmp_path, monkeypatch):
     """Data outside the repository are recorded by their absolute path: recorded from the repository, as they were,
     they seemed other data from a clone at another depth, and its runs were refused."""
