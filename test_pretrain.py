@@ -77,6 +77,16 @@ def test_lr_schedule_warms_up_then_decays_linearly():
     assert lrs[4:] == pytest.approx([(12 - s) / 8 for s in range(4, 12)])
     assert min(lrs) > 0  # no update of the run is wasted at lr 0
     assert pretrain.lr_at(0, warmup=0, total=10, peak=2.0) == 2.0
+    # transformers' linear schedule (XTREME's fine-tuning scripts), the lr of each update: ours one update ahead in
+    # the warm-up (its first update has lr 0), the same after it.
+    from transformers import get_linear_schedule_with_warmup
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+    schedule, theirs = get_linear_schedule_with_warmup(optimizer, 4, 12), []
+    for _ in range(13):
+        theirs.append(optimizer.param_groups[0]["lr"])
+        optimizer.step()
+        schedule.step()
+    assert lrs[:4] == pytest.approx(theirs[1:5]) and lrs[4:] == pytest.approx(theirs[4:12])
 
 
 def test_weight_decay_on_matrices_only_and_frozen_pooler_left_out():
