@@ -162,13 +162,13 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
         # the threads fixed: the trainer sums per thread, so their count would choose the model (2 made results/'s).
         model = io.BytesIO()
         try:
-            with open(sample, encoding="utf-8") as f:
+            with open(sample, encoding="utf-8") as f:  # (a list: a generator's Ctrl-C becomes the trainer's error)
                 spm.SentencePieceTrainer.train(
-                    sentence_iterator=(line.rstrip("\n") for line in f), model_writer=model, vocab_size=vocab_size,
-                    model_type="unigram", pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK,
-                    bos_piece=CLS, eos_piece=SEP, control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995,
-                    hard_vocab_limit=False, input_sentence_size=0, max_sentence_length=1 << 16, num_threads=2,
-                    minloglevel=2)
+                    sentence_iterator=iter(f.read().removesuffix("\n").split("\n")), model_writer=model,
+                    vocab_size=vocab_size, model_type="unigram", pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD,
+                    unk_piece=UNK, bos_piece=CLS, eos_piece=SEP, control_symbols=[MASK], byte_fallback=True,
+                    character_coverage=0.9995, hard_vocab_limit=False, input_sentence_size=0,
+                    max_sentence_length=1 << 16, num_threads=2, minloglevel=2)
         except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
             raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
     trained = spm.SentencePieceProcessor(model_proto=model.getvalue())

@@ -484,6 +484,9 @@ def main(argv=None):
         if not (isinstance(stored, dict) and isinstance(stored.get("setup"), dict)
                 and isinstance(stored.get("results"), dict)):
             raise DataError(f"{results_path}: not reproduce.py's (edited or damaged?); choose another --out-dir")
+        # (reproduce.py before 8782749 recorded data outside the repository from it too: the same path, read so)
+        stored["setup"] |= {k: data_path(os.path.join(REPO, v)) for k, v in stored["setup"].items()
+                            if k in where and isinstance(v, str)}
         # Where nothing is made yet (no run, no tokenizer), a start of the same preset may name other data: one
         # stopped by a damaged file is started again with a sound one.
         made = stored["results"] or os.path.lexists(os.path.join(cfg.out_dir, "spm.model"))

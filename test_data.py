@@ -10,6 +10,7 @@ import itertools
 import json
 import os
 import re
+import sys
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
@@ -632,6 +633,27 @@ def test_a_corpus_gives_one_tokenizer_whatever_the_machine(tmp_path, monkeypatch
                       .read_bytes())
     assert models[0] == models[1]
     assert (tmp_path / "spm2.vocab").read_text().splitlines()[:2] == ["[PAD]\t0", "[UNK]\t0"]  # beside it, as ever
+
+
+def test_a_ctrl_c_while_the_tokenizer_trains_stays_a_ctrl_c(tmp_path, monkeypatch):
+    """Python raises a Ctrl-C's KeyboardInterrupt at the next Python code it runs. Read from a generator of ours, the
+    sample ran Python code inside SentencePiece's trainer, which made a Ctrl-C there its own error, reported as a
+    corpus it could not train on. Here a trace hook raises where that Python code would run."""
+    class Interrupted(Exception):  # (a KeyboardInterrupt would stop pytest)
+        pass
+    train = data.spm.SentencePieceTrainer.train
+
+    def train_interrupted_in_our_code(**kwargs):
+        def hook(frame, event, arg):
+            if frame.f_code.co_filename == data.__file__:
+                raise Interrupted
+        sys.settrace(hook)
+        try:
+            return train(**kwargs)
+        finally:
+            sys.settrace(None)
+    monkeypatch.setattr(data.spm.SentencePieceTrainer, "train", train_interrupted_in_our_code)
+    assert data.Tokenizer(data.train_tokenizer(str(REPO / "sample_data"), 1000, str(tmp_path / "spm"))).vocab_size
 
 
 def test_lines_longer_than_sentencepiece_reads_still_train_the_tokenizer(tmp_path):

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -142,6 +143,25 @@ def test_after_a_failed_run_no_other_starts_and_the_running_ones_are_recorded(tm
     assert json.loads((tmp_path / "results.json").read_text())["results"] == results["results"]
 
 
+def test_a_run_process_that_ended_abruptly_is_one_line(tmp_path):
+    """A worker killed (the kernel's out-of-memory killer, say) breaks the pool: the runs that finished are recorded,
+    and its BrokenProcessPool, raised by a run or by handing the next run over, is said in one line."""
+    def run(name, seed):
+        if name == "broken run":
+            raise BrokenProcessPool("A child process terminated abruptly")
+        return {"panx": {"en": 50.0}}
+    for broken in ("broken run", "broken hand-over"):
+        results = {"setup": {}, "baselines": {}, "results": {}}
+        with ThreadPoolExecutor(1) as pool:
+            def start(name, seed):
+                if name == "broken hand-over":
+                    raise BrokenProcessPool("A child process terminated abruptly")
+                return pool.submit(run, name, seed)
+            with pytest.raises(OSError, match=r"^a run's process ended abruptly .*; 1 run\(s\) finished before"):
+                reproduce.record(start, [("a", 0), (broken, 0), ("c", 0)], 1, results, tmp_path / "results.json", 0)
+        assert list(results["results"]) == ["a"]
+
+
 @pytest.mark.subprocess
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_quick_run_writes_the_tables_and_both_figures(tmp_path, monkeypatch, capsys):
@@ -219,7 +239,8 @@ def test_the_documented_commands_run_the_cpu_preset_where_torch_sees_a_gpu(monke
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data is absent")
 def test_runs_go_on_from_a_clone_elsewhere_with_the_same_data(tmp_path, monkeypatch):
     """Data outside the repository are recorded by their absolute path: recorded from the repository, as they were,
-    they seemed other data from a clone at another depth, and its runs were refused."""
+    they seemed other data from a clone at another depth, and its runs were refused. A setup recorded so before is
+    read as it was meant."""
     monkeypatch.setattr(reproduce.data, "train_tokenizer", stop)
     out, command = tmp_path / "out", ["--quick", "--out-dir", str(tmp_path / "out"), "--data", str(SHARED / "corpus"),
                                       *TASKS]
@@ -227,8 +248,16 @@ def test_runs_go_on_from_a_clone_elsewhere_with_the_same_data(tmp_path, monkeypa
         reproduce.main(command)
     stored = json.loads((out / "results.json").read_text())
     (out / "results.json").write_text(json.dumps({**stored, "results": {"coupled": {"0": QUICK_RUN}}}))
+    repo = reproduce.REPO
     monkeypatch.setattr(reproduce, "REPO", tmp_path / "deeper" / "clone")
     with pytest.raises(Stopped):  # (its tokenizer is trained next: the setup was taken for this one's)
+        reproduce.main(command)
+    # A folder begun by the reproduce.py before, which recorded them from the repository too: goes on in its clone.
+    monkeypatch.setattr(reproduce, "REPO", repo)
+    stored = json.loads((out / "results.json").read_text())
+    stored["setup"] |= {k: os.path.relpath(stored["setup"][k], repo) for k in ("data", "panx", "xquad")}
+    (out / "results.json").write_text(json.dumps(stored))
+    with pytest.raises(Stopped):
         reproduce.main(command)
 
 
