@@ -20,7 +20,6 @@ import json
 import os
 import random
 import re
-import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
@@ -133,44 +132,37 @@ def train_tokenizer(files, vocab_size, model_prefix, alpha=0.5, max_sentences=1_
     rng = random.Random(seed)
     chars = collections.Counter()
     os.makedirs(os.path.dirname(os.path.abspath(model_prefix)), exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        sample = os.path.join(tmp, "sample.txt")
-        with open(sample, "w", encoding="utf-8") as out:
-            for (lang, paths), p in zip(langs.items(), sampling_probabilities(counts, alpha).values()):
-                repeats, rest = divmod(max(1, round(total * p)), counts[lang])
-                reservoir, seen = [], 0  # Algorithm R: a uniform sample of `rest` lines, one pass
-                for path in paths:
-                    with open(path, encoding="utf-8-sig") as f:
-                        for line in filter(None, (line.strip() for line in f)):
-                            out.write("".join(part + "\n" for part in in_parts(line)) * repeats)
-                            chars.update(line * repeats)
-                            seen += 1
-                            if len(reservoir) < rest:
-                                reservoir.append(line)
-                            elif (j := rng.randrange(seen)) < rest:
-                                reservoir[j] = line
-                out.writelines(part + "\n" for line in reservoir for part in in_parts(line))
-                chars.update("".join(reservoir))
-        room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
-        if len(chars) > room:
-            rare = {ord(c): " " for c, _ in chars.most_common()[room:]}
-            kept = os.path.join(tmp, "kept.txt")
-            with open(sample, encoding="utf-8") as f, open(kept, "w", encoding="utf-8") as out:
-                out.writelines(line.translate(rare) for line in f)
-            sample = kept
-        # The model is written to memory: SentencePiece's file would record the temporary paths, other each time;
-        # the threads fixed: the trainer sums per thread, so their count would choose the model (2 made results/'s).
-        model = io.BytesIO()
-        try:
-            with open(sample, encoding="utf-8") as f:  # (a list: a generator's Ctrl-C becomes the trainer's error)
-                spm.SentencePieceTrainer.train(
-                    sentence_iterator=iter(f.read().removesuffix("\n").split("\n")), model_writer=model,
-                    vocab_size=vocab_size, model_type="unigram", pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD,
-                    unk_piece=UNK, bos_piece=CLS, eos_piece=SEP, control_symbols=[MASK], byte_fallback=True,
-                    character_coverage=0.9995, hard_vocab_limit=False, input_sentence_size=0,
-                    max_sentence_length=1 << 16, num_threads=2, minloglevel=2)
-        except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
-            raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
+    sentences = []  # (handed to the trainer as a list: a generator's Ctrl-C would become the trainer's own error)
+    for (lang, paths), p in zip(langs.items(), sampling_probabilities(counts, alpha).values()):
+        repeats, rest = divmod(max(1, round(total * p)), counts[lang])
+        reservoir, seen = [], 0  # Algorithm R: a uniform sample of `rest` lines, one pass
+        for path in paths:
+            with open(path, encoding="utf-8-sig") as f:
+                for line in filter(None, (line.strip() for line in f)):
+                    sentences += in_parts(line) * repeats
+                    chars.update(line * repeats)
+                    seen += 1
+                    if len(reservoir) < rest:
+                        reservoir.append(line)
+                    elif (j := rng.randrange(seen)) < rest:
+                        reservoir[j] = line
+        sentences += [part for line in reservoir for part in in_parts(line)]
+        chars.update("".join(reservoir))
+    room = (vocab_size - 256 - 5) // 2  # SentencePiece needs a piece for every character it keeps
+    if len(chars) > room:
+        rare = {ord(c): " " for c, _ in chars.most_common()[room:]}
+        sentences = [sentence.translate(rare) for sentence in sentences]
+    # Into memory: SentencePiece's own files record the paths it read and wrote, and so would differ each time. On 2
+    # threads on every machine: the trainer sums per thread, so their count would choose the model (as results/'s).
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model, vocab_size=vocab_size, model_type="unigram",
+            pad_id=0, unk_id=1, bos_id=2, eos_id=3, pad_piece=PAD, unk_piece=UNK, bos_piece=CLS, eos_piece=SEP,
+            control_symbols=[MASK], byte_fallback=True, character_coverage=0.9995, hard_vocab_limit=False,
+            input_sentence_size=0, max_sentence_length=1 << 16, num_threads=2, minloglevel=2)
+    except RuntimeError as e:  # e.g. text that SentencePiece's normalization leaves blank
+        raise DataError(f"{files}: SentencePiece could not train a tokenizer on it ({e})") from None
     trained = spm.SentencePieceProcessor(model_proto=model.getvalue())
     vocab = "".join(f"{trained.id_to_piece(i)}\t{trained.get_score(i):g}\n" for i in range(trained.get_piece_size()))
     write_file(f"{model_prefix}.model", lambda out: out.write(model.getvalue()), "wb")  # (whole: the one writer)
